@@ -1,0 +1,65 @@
+# Finds amp's dependencies: LibTorch (from the project's .venv unless told otherwise), the CUDA
+# toolkit, and fmt; then decides AMP_WITH_CUDA.
+include_guard(GLOBAL)
+
+# ---- LibTorch ----
+# The PyPI torch wheel in .venv carries LibTorch. Ask that Python where its CMake package lives,
+# unless the caller already pointed CMake at a Torch (Torch_DIR or CMAKE_PREFIX_PATH).
+set(AMP_PYTHON "${PROJECT_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH
+    "Python whose torch provides LibTorch and serves as the reference in parity tests")
+if(NOT Torch_DIR AND EXISTS "${AMP_PYTHON}")
+  execute_process(
+    COMMAND "${AMP_PYTHON}" -c "import torch.utils; print(torch.utils.cmake_prefix_path, end='')"
+    OUTPUT_VARIABLE _amp_torch_prefix RESULT_VARIABLE _amp_rc ERROR_QUIET)
+  if(_amp_rc EQUAL 0)
+    list(APPEND CMAKE_PREFIX_PATH "${_amp_torch_prefix}")
+    set(AMP_TORCH_PREFIX_PATH "${_amp_torch_prefix}" CACHE INTERNAL "Torch's CMake prefix")
+  endif()
+endif()
+
+# A CUDA build of LibTorch enables CUDA itself and needs nvcc even without a GPU. Point CMake at
+# the toolkit in its usual place when nothing else was chosen.
+if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+  set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc CACHE FILEPATH "CUDA compiler")
+endif()
+# Torch turns this list into -gencode flags. 9.0 is the H200; PTX keeps newer GPUs working.
+if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  set(TORCH_CUDA_ARCH_LIST "9.0+PTX" CACHE STRING "CUDA architectures to compile amp's kernels for")
+endif()
+
+find_package(Torch REQUIRED)
+include(ampTorchWheel)
+if(Torch_VERSION VERSION_LESS 2.11)
+  message(FATAL_ERROR "amp needs LibTorch 2.11 or newer; found ${Torch_VERSION} at ${Torch_DIR}. "
+                      "Install a newer torch (scripts/setup installs the pinned one).")
+endif()
+
+# ---- CUDA ----
+set(_amp_torch_has_cuda OFF)
+if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES)
+  set(_amp_torch_has_cuda ON)
+endif()
+find_package(CUDAToolkit QUIET)
+set(_amp_cuda_default OFF)
+if(CUDAToolkit_FOUND AND _amp_torch_has_cuda)
+  set(_amp_cuda_default ON)
+endif()
+option(AMP_WITH_CUDA "Compile amp's CUDA code (needs a CUDA toolkit and a CUDA build of LibTorch)"
+       ${_amp_cuda_default})
+if(AMP_WITH_CUDA)
+  if(NOT CUDAToolkit_FOUND)
+    message(FATAL_ERROR "AMP_WITH_CUDA is ON but no CUDA toolkit was found. Install one (nvcc) or "
+                        "configure with -DAMP_WITH_CUDA=OFF.")
+  endif()
+  if(NOT _amp_torch_has_cuda)
+    message(FATAL_ERROR "AMP_WITH_CUDA is ON but LibTorch at ${Torch_DIR} was built without CUDA. "
+                        "Use a CUDA build of torch or configure with -DAMP_WITH_CUDA=OFF.")
+  endif()
+  enable_language(CUDA)
+endif()
+message(STATUS "amp: LibTorch ${Torch_VERSION} at ${Torch_DIR}; AMP_WITH_CUDA=${AMP_WITH_CUDA}")
+
+# ---- fmt ----
+# Used header-only and privately (see docs/BUILD.md): nothing of fmt is exported from libamp, so
+# a downstream project's own fmt never meets ours.
+find_package(fmt REQUIRED)

@@ -1,0 +1,17 @@
+// What this build of amp is: its version and whether its CUDA code was compiled.
+#pragma once
+
+#include <string>
+
+#include <amp/export.h>
+
+namespace amp {
+
+/// The version of the amp library that is loaded at run time, e.g. "0.1.0". Compare with
+/// AMP_VERSION_STRING from <amp/version.h> to detect a header/library mismatch.
+AMP_EXPORT std::string version();
+
+/// True when the loaded amp library was built with its CUDA code (AMP_WITH_CUDA=ON).
+AMP_EXPORT bool built_with_cuda();
+
+}  // namespace amp

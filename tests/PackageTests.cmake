@@ -1,0 +1,52 @@
+# CTest checks of amp as an installed package: install it, inspect what was installed, and build
+# standalone consumer projects against it with find_package(amp).
+set(_amp_prefix "${CMAKE_CURRENT_BINARY_DIR}/package-prefix")
+set(_amp_consumer_prefix_path "${_amp_prefix};${AMP_TORCH_PREFIX_PATH}")
+set(_amp_consumer_options
+  -G Ninja
+  "-DCMAKE_PREFIX_PATH=${_amp_consumer_prefix_path}"
+  "-DCMAKE_BUILD_TYPE=${CMAKE_BUILD_TYPE}"
+  "-DCMAKE_CUDA_COMPILER=${CMAKE_CUDA_COMPILER}"
+  "-DTORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST}")
+if(CMAKE_CXX_COMPILER_LAUNCHER)
+  list(APPEND _amp_consumer_options "-DCMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER}")
+endif()
+
+add_test(NAME package.install
+  COMMAND "${CMAKE_COMMAND}" --install "${PROJECT_BINARY_DIR}" --prefix "${_amp_prefix}")
+set_tests_properties(package.install PROPERTIES FIXTURES_SETUP amp_package LABELS package)
+
+add_test(NAME package.is_relocatable_and_keeps_fmt_private
+  COMMAND "${CMAKE_COMMAND}"
+    "-DPREFIX=${_amp_prefix}"
+    "-DTORCH_PREFIX=${AMP_TORCH_PREFIX_PATH}"
+    "-DSOURCE_DIR=${PROJECT_SOURCE_DIR}"
+    -P "${CMAKE_CURRENT_SOURCE_DIR}/package/inspect_install.cmake")
+set_tests_properties(package.is_relocatable_and_keeps_fmt_private PROPERTIES
+  FIXTURES_REQUIRED amp_package LABELS package)
+
+# Each consumer is a complete CMake project: configure, build, run its program.
+foreach(_consumer IN ITEMS find_package own_fmt)
+  add_test(NAME package.consumer_${_consumer}
+    COMMAND "${CMAKE_CTEST_COMMAND}" --build-and-test
+      "${CMAKE_CURRENT_SOURCE_DIR}/package/consumer_${_consumer}"
+      "${CMAKE_CURRENT_BINARY_DIR}/consumer_${_consumer}"
+      --build-generator Ninja
+      --build-options ${_amp_consumer_options}
+      --test-command consumer)
+  set_tests_properties(package.consumer_${_consumer} PROPERTIES
+    FIXTURES_REQUIRED amp_package LABELS package)
+endforeach()
+
+# The AMP_WITH_CUDA=OFF configuration must build (a CPU-only LibTorch needs it).
+if(AMP_WITH_CUDA)
+  add_test(NAME package.builds_without_cuda
+    COMMAND "${CMAKE_CTEST_COMMAND}" --build-and-test
+      "${PROJECT_SOURCE_DIR}" "${CMAKE_CURRENT_BINARY_DIR}/without-cuda"
+      --build-generator Ninja
+      --build-options ${_amp_consumer_options}
+        "-DCMAKE_PREFIX_PATH=${AMP_TORCH_PREFIX_PATH}"
+        -DAMP_WITH_CUDA=OFF -DAMP_BUILD_TESTS=OFF -DAMP_BUILD_EXAMPLES=OFF
+        "-DAMP_PYTHON=${AMP_PYTHON}")
+  set_tests_properties(package.builds_without_cuda PROPERTIES LABELS package)
+endif()
