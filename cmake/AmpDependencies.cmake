@@ -13,7 +13,6 @@ if(NOT Torch_DIR AND EXISTS "${AMP_PYTHON}")
     OUTPUT_VARIABLE _amp_torch_prefix RESULT_VARIABLE _amp_rc ERROR_QUIET)
   if(_amp_rc EQUAL 0)
     list(APPEND CMAKE_PREFIX_PATH "${_amp_torch_prefix}")
-    set(AMP_TORCH_PREFIX_PATH "${_amp_torch_prefix}" CACHE INTERNAL "Torch's CMake prefix")
   endif()
 endif()
 

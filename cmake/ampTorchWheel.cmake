@@ -23,9 +23,19 @@ function(amp_torch_wheel_link_options out_var)
   endif()
 endfunction()
 
-# Adds the options to the interface of an (imported or built) target.
+# Adds the link options a program using the installed amp::amp needs to the imported target:
+# - the -rpath-link fix above;
+# - --disable-new-dtags, so the program's run-time search path is a DT_RPATH rather than a
+#   DT_RUNPATH. An installed libamp carries no search path to LibTorch (LibTorch's place differs
+#   on every machine, and no path of the build machine may be baked in), so its own dependencies
+#   (libc10_cuda.so, libtorch.so, ...) are found through the program's search path, which CMake
+#   fills with LibTorch's folder. A DT_RUNPATH only serves the program's direct dependencies; a
+#   DT_RPATH serves libamp's too.
 function(amp_apply_torch_wheel_link_options target)
   amp_torch_wheel_link_options(_options)
+  if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
+    list(APPEND _options "LINKER:--disable-new-dtags")
+  endif()
   if(_options)
     set_property(TARGET ${target} APPEND PROPERTY INTERFACE_LINK_OPTIONS "${_options}")
   endif()

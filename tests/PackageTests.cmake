@@ -1,10 +1,10 @@
 # CTest checks of amp as an installed package: install it, inspect what was installed, and build
 # standalone consumer projects against it with find_package(amp).
 set(_amp_prefix "${CMAKE_CURRENT_BINARY_DIR}/package-prefix")
-set(_amp_consumer_prefix_path "${_amp_prefix};${AMP_TORCH_PREFIX_PATH}")
+# Named one by one: a ;-list would be split into separate arguments by add_test.
 set(_amp_consumer_options
-  -G Ninja
-  "-DCMAKE_PREFIX_PATH=${_amp_consumer_prefix_path}"
+  "-Damp_DIR=${_amp_prefix}/lib/cmake/amp"
+  "-DTorch_DIR=${Torch_DIR}"
   "-DCMAKE_BUILD_TYPE=${CMAKE_BUILD_TYPE}"
   "-DCMAKE_CUDA_COMPILER=${CMAKE_CUDA_COMPILER}"
   "-DTORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST}")
@@ -19,7 +19,7 @@ set_tests_properties(package.install PROPERTIES FIXTURES_SETUP amp_package LABEL
 add_test(NAME package.is_relocatable_and_keeps_fmt_private
   COMMAND "${CMAKE_COMMAND}"
     "-DPREFIX=${_amp_prefix}"
-    "-DTORCH_PREFIX=${AMP_TORCH_PREFIX_PATH}"
+    "-DTORCH_DIR=${Torch_DIR}"
     "-DSOURCE_DIR=${PROJECT_SOURCE_DIR}"
     -P "${CMAKE_CURRENT_SOURCE_DIR}/package/inspect_install.cmake")
 set_tests_properties(package.is_relocatable_and_keeps_fmt_private PROPERTIES
@@ -45,7 +45,6 @@ if(AMP_WITH_CUDA)
       "${PROJECT_SOURCE_DIR}" "${CMAKE_CURRENT_BINARY_DIR}/without-cuda"
       --build-generator Ninja
       --build-options ${_amp_consumer_options}
-        "-DCMAKE_PREFIX_PATH=${AMP_TORCH_PREFIX_PATH}"
         -DAMP_WITH_CUDA=OFF -DAMP_BUILD_TESTS=OFF -DAMP_BUILD_EXAMPLES=OFF
         "-DAMP_PYTHON=${AMP_PYTHON}")
   set_tests_properties(package.builds_without_cuda PROPERTIES LABELS package)

@@ -1,4 +1,4 @@
-# Checks an installed amp tree (cmake -DPREFIX=... -DTORCH_PREFIX=... -DSOURCE_DIR=... -P inspect_install.cmake):
+# Checks an installed amp tree (cmake -DPREFIX=... -DTORCH_DIR=... -DSOURCE_DIR=... -P inspect_install.cmake):
 # the files a consumer needs are there, nothing names the build machine's torch, and libamp
 # exports no fmt symbols (so a consumer's own fmt never collides with amp's).
 foreach(_file IN ITEMS
@@ -40,7 +40,8 @@ if(NOT _same_major OR _next)
 endif()
 
 # No absolute path to the build machine's torch (or any site-packages) in installed text or RPATH.
-get_filename_component(_site_packages "${TORCH_PREFIX}/../../.." ABSOLUTE)
+# TORCH_DIR is <site-packages>/torch/share/cmake/Torch.
+get_filename_component(_site_packages "${TORCH_DIR}/../../../.." ABSOLUTE)
 set(_build_machine_paths "${_site_packages}" "${SOURCE_DIR}")
 file(GLOB_RECURSE _cmake_files "${PREFIX}/lib/cmake/amp/*.cmake")
 foreach(_file IN LISTS _cmake_files)
