@@ -4,3 +4,7 @@
 #include <amp/version.h>
 #include <amp/export.h>
 #include <amp/info.h>
+#include <amp/autocast.h>
+#include <amp/autocast_policy.h>
+#include <amp/custom_function.h>
+#include <amp/grad_scaler.h>

@@ -1,0 +1,104 @@
+// Command-line parsing for amp's examples: option lookup, value checks, usage text.
+#include "cli.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <system_error>
+
+namespace amp_examples {
+
+CommandLine::CommandLine(std::string program, std::string summary)
+    : program_(std::move(program)), summary_(std::move(summary)) {}
+
+void CommandLine::add_option(std::string name, std::string value_name, std::string help,
+                             Setter set) {
+  options_.push_back({std::move(name), std::move(value_name), std::move(help), std::move(set)});
+}
+
+const CommandLine::Option* CommandLine::find(std::string_view name) const {
+  const auto it = std::find_if(options_.begin(), options_.end(),
+                               [&](const Option& option) { return option.name == name; });
+  return it == options_.end() ? nullptr : &*it;
+}
+
+bool CommandLine::parse(int argc, const char* const argv[]) const {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") return false;
+    if (!arg.starts_with("--") || arg.size() == 2) {
+      throw UsageError(
+          fmt::format("unexpected argument '{}'; options are written --name VALUE", arg));
+    }
+    const std::size_t equals = arg.find('=');
+    const std::string_view name =
+        arg.substr(2, equals == std::string_view::npos ? arg.npos : equals - 2);
+    const Option* option = find(name);
+    if (option == nullptr) throw UsageError(fmt::format("unknown option '--{}'", name));
+    std::string_view value;
+    if (equals != std::string_view::npos) {
+      value = arg.substr(equals + 1);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      throw UsageError(fmt::format("option --{} needs a value ({})", name, option->value_name));
+    }
+    option->set(value);
+  }
+  return true;
+}
+
+std::string CommandLine::usage() const {
+  std::string text = fmt::format("usage: {} [--help]", program_);
+  for (const Option& option : options_) {
+    text += fmt::format(" [--{} {}]", option.name, option.value_name);
+  }
+  text += fmt::format("\n\n{}\n\noptions:\n", summary_);
+  std::size_t width = std::string_view("-h, --help").size();
+  for (const Option& option : options_) {
+    width = std::max(width, option.name.size() + option.value_name.size() + 3);
+  }
+  text += fmt::format("  {:<{}}  {}\n", "-h, --help", width, "show this help and exit");
+  for (const Option& option : options_) {
+    text += fmt::format("  {:<{}}  {}\n", fmt::format("--{} {}", option.name, option.value_name),
+                        width, option.help);
+  }
+  return text;
+}
+
+std::int64_t parse_integer(std::string_view option, std::string_view text, std::int64_t min,
+                           std::int64_t max) {
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || value < min || value > max) {
+    throw UsageError(
+        fmt::format("{} must be a whole number from {} to {}, not '{}'", option, min, max, text));
+  }
+  return value;
+}
+
+double parse_positive_number(std::string_view option, std::string_view text) {
+  double value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || !std::isfinite(value) ||
+      value <= 0) {
+    throw UsageError(
+        fmt::format("{} must be a finite number greater than 0, not '{}'", option, text));
+  }
+  return value;
+}
+
+std::size_t parse_choice(std::string_view option, std::string_view text,
+                         const std::vector<std::string_view>& choices) {
+  const auto it = std::find(choices.begin(), choices.end(), text);
+  if (it == choices.end()) {
+    throw UsageError(
+        fmt::format("{} must be one of {}, not '{}'", option, fmt::join(choices, ", "), text));
+  }
+  return static_cast<std::size_t>(it - choices.begin());
+}
+
+}  // namespace amp_examples

@@ -1,0 +1,82 @@
+// Minimal command-line parsing for amp's examples: --name VALUE options, --help, checked values.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace amp_examples {
+
+/// Exit code of an example whose command line was wrong (the convention of getopt-based tools).
+inline constexpr int kUsageExitCode = 2;
+
+/// A command line that cannot be accepted: unknown option, missing or bad value. The message says
+/// which option and why; programs print it followed by their usage text.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// The options a program accepts, each written `--name VALUE` or `--name=VALUE`, plus `--help`
+/// (or `-h`). Later occurrences of an option override earlier ones.
+class CommandLine {
+ public:
+  /// Receives an option's value text; parses and stores it, throwing UsageError when it is bad.
+  using Setter = std::function<void(std::string_view value)>;
+
+  /// Args: program: the name shown in the usage line; summary: one sentence on what it does.
+  CommandLine(std::string program, std::string summary);
+
+  /// Registers an option that takes a value.
+  /// Args: name: without the leading dashes, e.g. "epochs"; value_name: shown in the usage text,
+  ///   e.g. "N"; help: one line, including the default; set: called with each value given.
+  void add_option(std::string name, std::string value_name, std::string help, Setter set);
+
+  /// Parses the arguments after the program name, calling each option's setter in order.
+  /// Args: argc, argv: as passed to main.
+  /// Returns: false when help was requested (the caller prints usage() and exits 0), else true.
+  /// Errors: UsageError for an unknown option, a positional argument, a missing value, or a value
+  ///   its setter rejects.
+  bool parse(int argc, const char* const argv[]) const;
+
+  /// Returns: the usage text: the usage line, the summary and one line per option.
+  std::string usage() const;
+
+ private:
+  struct Option {
+    std::string name;
+    std::string value_name;
+    std::string help;
+    Setter set;
+  };
+  const Option* find(std::string_view name) const;
+
+  std::string program_;
+  std::string summary_;
+  std::vector<Option> options_;
+};
+
+/// Parses a whole decimal integer in [min, max].
+/// Args: option: the option's name for the message, e.g. "--epochs"; text: the value given.
+/// Returns: the integer.
+/// Errors: UsageError naming the option, the text and the accepted range.
+std::int64_t parse_integer(std::string_view option, std::string_view text, std::int64_t min,
+                           std::int64_t max);
+
+/// Parses a finite number greater than zero, e.g. a learning rate.
+/// Args: option: the option's name for the message; text: the value given.
+/// Returns: the number.
+/// Errors: UsageError naming the option and the text.
+double parse_positive_number(std::string_view option, std::string_view text);
+
+/// Finds `text` in a list of accepted words.
+/// Args: option: the option's name for the message; text: the value given; choices: the words.
+/// Returns: the index of the word in choices.
+/// Errors: UsageError naming the option, the text and the accepted words.
+std::size_t parse_choice(std::string_view option, std::string_view text,
+                         const std::vector<std::string_view>& choices);
+
+}  // namespace amp_examples

@@ -1,0 +1,194 @@
+// Autocast regions for LibTorch: an RAII guard with torch.autocast's semantics, a functional form,
+// and capture/apply of the thread-local autocast state for worker threads.
+#pragma once
+
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+#include <torch/arg.h>
+
+#include <functional>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <amp/export.h>
+
+namespace amp {
+
+/// True when at::autocast knows the device type (CPU, CUDA, XPU, MPS, HPU, XLA, MTIA, MAIA,
+/// IPU, PrivateUse1), i.e. an AutocastGuard may be opened for it. Whether the device is present
+/// on this machine is a separate question (see AutocastGuard for CUDA without a GPU).
+AMP_EXPORT bool is_autocast_available(c10::DeviceType device);
+
+/// What an autocast region asks for; the same four knobs as Python's
+/// `torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)`, with chained
+/// setters: `amp::AutocastOptions(torch::kCUDA).dtype(torch::kBFloat16).cache_enabled(false)`.
+struct AutocastOptions {
+  /// Options for a region on `device` with every other knob at its default.
+  /* implicit */ AutocastOptions(c10::DeviceType device) : device_(device) {}
+
+  /// The device type whose autocast state the region changes (kCPU, kCUDA, ...).
+  TORCH_ARG(c10::DeviceType, device);
+  /// The lower-precision dtype; unset means the device's current autocast dtype (bf16 on CPU,
+  /// fp16 on CUDA unless an enclosing region chose another).
+  TORCH_ARG(std::optional<c10::ScalarType>, dtype) = std::nullopt;
+  /// false opens a region with autocast off (e.g. an fp32 island inside an autocast region).
+  TORCH_ARG(bool, enabled) = true;
+  /// Whether casts of fp32 weights are cached inside the region; unset keeps the current flag.
+  TORCH_ARG(std::optional<bool>, cache_enabled) = std::nullopt;
+};
+
+/// RAII autocast region: the C++ form of `with torch.autocast(...)`.
+///
+/// Construction validates the request, then enters the region exactly as Python's
+/// `torch.autocast.__enter__` does: it remembers the previous cache flag, enabled flag and dtype
+/// of `device`; sets the enabled flag and the dtype (the dtype is set even for a disabled
+/// region); increments the autocast nesting count (also for a disabled region); and sets the
+/// cache flag. Destruction undoes it like `__exit__`: it decrements the nesting count, clears the
+/// process-wide weight-cast cache when the count reaches 0 (the outermost region ended), then
+/// restores the enabled flag, dtype and cache flag. The destructor never throws, so the state is
+/// restored also when an exception leaves the region.
+///
+/// Validation (only when `enabled` is true, as in Python):
+/// - a device type at::autocast does not know throws c10::Error
+///   "User specified an unsupported autocast device_type '<type>'" (Python's wording);
+/// - a dtype other than kBFloat16 / kHalf (e.g. kDouble, kFloat, kInt) throws c10::Error naming
+///   the device, the dtype and the allowed dtypes. Python only warns and runs the region
+///   disabled; amp throws on purpose: a C++ caller passing float64 has a bug, and a silently
+///   fp32 region would hide it. Use `enabled = false` for a full-precision region;
+/// - kCUDA while CUDA is unavailable (no GPU, or a CPU-only LibTorch) warns once per process and
+///   runs the region disabled, as Python does (the state is still saved and restored and the
+///   nesting still counted);
+/// - kCUDA with kBFloat16 on a GPU that cannot hold bf16 tensors throws c10::Error, as Python's
+///   `torch.cuda.is_bf16_supported()` decides: GPUs before compute capability 8.0 pass too when
+///   they emulate bf16.
+///
+/// Autocast state is thread-local: the guard affects only the calling thread (see
+/// AutocastStateGuard). Guards must be destroyed in reverse order of construction on the thread
+/// that created them, which scoping guarantees; the guard can be neither copied nor moved.
+class AMP_EXPORT AutocastGuard {
+ public:
+  /// Opens a region on `device`.
+  /// Args: device: kCPU, kCUDA or another autocast device type; dtype: the lower-precision
+  ///   dtype, unset for the device's current autocast dtype; enabled: false for an autocast-off
+  ///   region; cache_enabled: the weight-cast cache flag inside the region, unset to keep it.
+  /// Errors: c10::Error for an unsupported device type or dtype (see the class comment).
+  explicit AutocastGuard(c10::DeviceType device,
+                         std::optional<c10::ScalarType> dtype = std::nullopt, bool enabled = true,
+                         std::optional<bool> cache_enabled = std::nullopt);
+
+  /// Opens a region described by `options` (same validation as the constructor above).
+  explicit AutocastGuard(const AutocastOptions& options);
+
+  /// Leaves the region (see the class comment); never throws.
+  ~AutocastGuard();
+
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+  AutocastGuard(AutocastGuard&&) = delete;
+  AutocastGuard& operator=(AutocastGuard&&) = delete;
+
+  /// The device type whose state this region set.
+  c10::DeviceType device() const noexcept { return device_; }
+  /// The autocast dtype in effect inside the region.
+  c10::ScalarType dtype() const noexcept { return dtype_; }
+  /// Whether autocast is on inside the region: false when asked for, and also when CUDA was
+  /// requested on a machine without CUDA.
+  bool enabled() const noexcept { return enabled_; }
+  /// The weight-cast cache flag in effect inside the region.
+  bool cache_enabled() const noexcept { return cache_enabled_; }
+
+ private:
+  c10::DeviceType device_;
+  c10::ScalarType dtype_;
+  bool enabled_;
+  bool cache_enabled_;
+  bool prev_enabled_;
+  c10::ScalarType prev_dtype_;
+  bool prev_cache_enabled_;
+};
+
+/// Runs `fn(args...)` inside an autocast region and returns its result: the functional form of
+/// AutocastGuard, like Python's `@torch.autocast(...)` decorator. `options` is a device type
+/// (`amp::autocast(torch::kCPU, fn, x)`) or an AutocastOptions for the other knobs.
+/// Returns: what `fn` returns (a reference stays a reference).
+/// Errors: those of AutocastGuard; exceptions from `fn` propagate after the region is left.
+template <class Fn, class... Args>
+std::invoke_result_t<Fn, Args...> autocast(const AutocastOptions& options, Fn&& fn,
+                                           Args&&... args) {
+  AutocastGuard guard(options);
+  return std::invoke(std::forward<Fn>(fn), std::forward<Args>(args)...);
+}
+
+/// One device type's part of the thread-local autocast state.
+struct AutocastDeviceState {
+  /// The device type (kCPU, kCUDA, ...).
+  c10::DeviceType device;
+  /// Whether autocast is on for it.
+  bool enabled;
+  /// Its autocast (lower-precision) dtype.
+  c10::ScalarType dtype;
+
+  bool operator==(const AutocastDeviceState&) const = default;
+};
+
+/// A snapshot of one thread's autocast state: the enabled flag and dtype of every device type
+/// at::autocast knows, and the weight-cast cache flag. The nesting count is not part of it.
+struct AutocastState {
+  /// One entry per autocast device type, in at::autocast's order.
+  std::vector<AutocastDeviceState> devices;
+  /// The weight-cast cache flag.
+  bool cache_enabled = true;
+
+  bool operator==(const AutocastState&) const = default;
+};
+
+/// Captures the calling thread's autocast state, to be applied in another thread with
+/// AutocastStateGuard.
+/// Returns: the state of every device type at::autocast knows, and the cache flag.
+AMP_EXPORT AutocastState capture_autocast_state();
+
+/// Applies a captured autocast state to the calling thread for a scope, restoring the thread's
+/// own state on exit.
+///
+/// Autocast state is thread-local and every new thread starts with autocast off, so a region
+/// opened in one thread does not reach work that thread hands to others. Use this guard when
+/// model code runs on threads you start: your own std::thread / thread-pool workers, LibTorch
+/// data loader workers (torch::data::make_data_loader with workers > 0) that run a model or
+/// casts inside a transform, or a producer thread that prepares inputs under autocast. Capture
+/// the state in the thread that opened the region and construct the guard first thing in the
+/// worker:
+///
+///     auto state = amp::capture_autocast_state();
+///     std::thread worker([&] {
+///       amp::AutocastStateGuard autocast(state);
+///       out = model->forward(x);   // same dtypes as in the capturing thread
+///     });
+///
+/// Not needed for backward passes: autograd's engine carries the enabled flags (and dtypes) of
+/// the thread that called backward() into its device worker threads by itself.
+///
+/// The guard counts as an autocast region: it increments the nesting count and, when the count
+/// returns to 0, clears the weight-cast cache, so casts cached by the worker do not outlive it.
+/// Non-copyable, non-movable; the destructor never throws.
+class AMP_EXPORT AutocastStateGuard {
+ public:
+  /// Applies `state` to the calling thread.
+  /// Args: state: a snapshot from capture_autocast_state() (possibly of another thread).
+  /// Errors: c10::Error when an entry names a device type at::autocast does not know.
+  explicit AutocastStateGuard(const AutocastState& state);
+
+  /// Restores the thread's previous state; never throws.
+  ~AutocastStateGuard();
+
+  AutocastStateGuard(const AutocastStateGuard&) = delete;
+  AutocastStateGuard& operator=(const AutocastStateGuard&) = delete;
+  AutocastStateGuard(AutocastStateGuard&&) = delete;
+  AutocastStateGuard& operator=(AutocastStateGuard&&) = delete;
+
+ private:
+  AutocastState previous_;
+};
+
+}  // namespace amp

@@ -1,0 +1,247 @@
+// amp::GradScaler: dynamic loss scaling with torch.amp.GradScaler's semantics, plus opt-in
+// extensions.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
+#include <c10/core/DeviceType.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <amp/export.h>
+
+namespace amp {
+
+/// What GradScaler::step does when gradients overflow while the scale already sits at min_scale
+/// (an extension; only meaningful with GradScalerOptions::min_scale > 0).
+enum class MinScalePolicy {
+  /// Keep skipping steps and keep the scale at min_scale (Megatron-LM's behaviour).
+  kSkip,
+  /// Throw a c10::Error from step() that says what to try (DeepSpeed's raise_error_at_min_scale).
+  kThrow,
+};
+
+/// Options of a GradScaler, with chained setters (`GradScalerOptions().init_scale(1024.0)`).
+/// The first five equal torch.amp.GradScaler's arguments and defaults. The rest are extensions
+/// that are off by default, so a default scaler behaves bit for bit like Python's.
+/// Everything is validated when a GradScaler is constructed (only when enabled, as in Python).
+struct AMP_EXPORT GradScalerOptions {
+  /// Scale before the first update; finite and > 0.
+  TORCH_ARG(double, init_scale) = 65536.0;
+  /// Factor applied after growth_interval consecutive clean steps; > 1.
+  TORCH_ARG(double, growth_factor) = 2.0;
+  /// Factor applied after an overflowing step; in (0, 1).
+  TORCH_ARG(double, backoff_factor) = 0.5;
+  /// Number of consecutive clean steps before the scale grows; >= 1.
+  TORCH_ARG(int64_t, growth_interval) = 2000;
+  /// false makes every method a pass-through (step() just calls optimizer.step()).
+  TORCH_ARG(bool, enabled) = true;
+
+  /// Extension (Megatron-LM): back off only after this many overflowing steps; >= 1. The
+  /// allowance refills after growth_interval consecutive clean steps. 1 is torch.amp's rule.
+  TORCH_ARG(int64_t, hysteresis) = 1;
+  /// Extension (DeepSpeed's consecutive_hysteresis): refill the hysteresis allowance after every
+  /// clean step instead of after growth_interval clean steps.
+  TORCH_ARG(bool, consecutive_hysteresis) = false;
+  /// Extension: the scale never backs off below this value; >= 0 and finite. 0 means no floor.
+  TORCH_ARG(double, min_scale) = 0.0;
+  /// Extension: the scale never grows above this value; > 0 (may be infinity, meaning no cap).
+  TORCH_ARG(double, max_scale) = std::numeric_limits<double>::infinity();
+  /// Extension: what step() does when gradients overflow at min_scale.
+  TORCH_ARG(MinScalePolicy, at_min_scale) = MinScalePolicy::kSkip;
+  /// Extension: count steps taken, steps skipped and consecutive skips in device tensors.
+  TORCH_ARG(bool, track_counters) = false;
+};
+
+/// What GradScaler::step did.
+struct AMP_EXPORT StepResult {
+  /// True when optimizer.step() was called (no inf/NaN was found, or the scaler is disabled).
+  bool taken = false;
+  /// What optimizer.step() returned (the closure's loss); undefined when skipped or no loss.
+  at::Tensor loss;
+  /// Same as taken, so `if (scaler.step(opt))` reads naturally.
+  explicit operator bool() const { return taken; }
+};
+
+/// The scale, growth tracker and extension counters, read on demand (each read is one sync).
+struct AMP_EXPORT GradScalerCounters {
+  /// Iterations whose update() saw no inf/NaN (optimizer steps were taken).
+  int64_t steps_taken = 0;
+  /// Iterations whose update() saw an inf/NaN (optimizer steps were skipped).
+  int64_t steps_skipped = 0;
+  /// Skipped iterations since the last clean one.
+  int64_t consecutive_skips = 0;
+};
+
+/// Dynamic loss scaling for mixed-precision training, with the semantics of Python's
+/// torch.amp.GradScaler (same state machine, same errors, same update rule, same state_dict).
+///
+/// Usage per iteration: `scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update();`
+/// optionally with `scaler.unscale_(optimizer)` before step() to inspect or clip gradients.
+/// The scale lives in a 0-dim float32 tensor on the device of the first tensor passed to scale();
+/// step() reads the inf/NaN flags on the host once (to decide whether to call optimizer.step()),
+/// unscale_() and update() never synchronise.
+class AMP_EXPORT GradScaler {
+ public:
+  /// A scaler for device type `device` ("cuda" by default, as in Python). A CUDA scaler created
+  /// while CUDA is unavailable warns and disables itself. Throws c10::Error when enabled and an
+  /// option is out of range (the message names the option, its value and the fix).
+  explicit GradScaler(c10::DeviceType device = c10::DeviceType::CUDA,
+                      GradScalerOptions options = {});
+  /// A CUDA scaler with the given options (Python's `GradScaler(init_scale=...)`).
+  explicit GradScaler(GradScalerOptions options);
+
+  /// Not copyable: a copy would share the device scale tensor with the original. Movable.
+  GradScaler(const GradScaler&) = delete;
+  GradScaler& operator=(const GradScaler&) = delete;
+  GradScaler(GradScaler&&) = default;
+  GradScaler& operator=(GradScaler&&) = default;
+
+  /// Returns `outputs * scale` (the scale moved to outputs' device); outputs unchanged when
+  /// disabled. The first call creates the scale on outputs' device.
+  at::Tensor scale(const at::Tensor& outputs);
+  /// Scales each tensor of a list (Python's list/tuple form); returns a new list.
+  std::vector<at::Tensor> scale(const std::vector<at::Tensor>& outputs);
+
+  /// Divides the gradients of `optimizer`'s parameters by the scale in place and records whether
+  /// any was inf/NaN (per device, on the device: no sync). Undefined grads are skipped.
+  /// Throws when called twice for one optimizer before update(), after step(), before any
+  /// scale(), or when a gradient is float16 ("Attempting to unscale FP16 gradients.").
+  void unscale_(torch::optim::Optimizer& optimizer);
+
+  /// Unscales (unless unscale_ was called) and calls optimizer.step() only when no gradient was
+  /// inf/NaN. Returns whether the step was taken and the optimizer's return value. A closure is
+  /// refused when enabled (as in Python); when disabled it is passed to optimizer.step().
+  /// Throws when step() was already called for this optimizer before update(), before any
+  /// scale(), when the optimizer has no gradients ("No inf checks were recorded ..."), and with
+  /// MinScalePolicy::kThrow when gradients overflow at min_scale.
+  StepResult step(torch::optim::Optimizer& optimizer,
+                  torch::optim::Optimizer::LossClosure closure = nullptr);
+
+  /// Updates the scale from the inf/NaN flags recorded by this iteration's unscale_/step calls
+  /// (on the device, no sync) and resets the per-optimizer state for the next iteration.
+  void update();
+  /// Sets the scale to `new_scale` (the growth tracker is unchanged) and resets the per-optimizer
+  /// state.
+  void update(double new_scale);
+  /// Copies the scale from a 1-element tensor on the scaler's device type that does not require
+  /// grad; anything else throws Python's message.
+  void update(const at::Tensor& new_scale);
+
+  /// The current scale (a sync); init_scale before the first scale(); 1.0 when disabled.
+  double get_scale() const;
+  /// The growth tracker: consecutive clean steps since the last growth or back-off (a sync).
+  int64_t get_growth_tracker() const;
+  /// The 0-dim float32 scale tensor on its device (no sync); undefined before the first scale().
+  const at::Tensor& scale_tensor() const { return scale_; }
+  /// The 0-dim int32 growth tracker tensor (no sync); undefined before the first scale().
+  const at::Tensor& growth_tracker_tensor() const { return growth_tracker_; }
+
+  /// Growth factor used by update(). The setter validates like the constructor (> 1).
+  double get_growth_factor() const { return growth_factor_; }
+  void set_growth_factor(double new_factor);
+  /// Back-off factor used by update(). The setter validates like the constructor (in (0, 1)).
+  double get_backoff_factor() const { return backoff_factor_; }
+  void set_backoff_factor(double new_factor);
+  /// Growth interval used by update(). The setter validates like the constructor (>= 1).
+  int64_t get_growth_interval() const { return growth_interval_; }
+  void set_growth_interval(int64_t new_interval);
+
+  /// Whether scaling is on (false when constructed disabled or CUDA was unavailable).
+  bool is_enabled() const { return enabled_; }
+  /// The device type given at construction.
+  c10::DeviceType device_type() const { return device_type_; }
+  /// The options this scaler was built with (extension options included).
+  const GradScalerOptions& options() const { return options_; }
+
+  /// Extension counters (requires track_counters(true)); one sync to read them. Throws when
+  /// counters are not tracked.
+  GradScalerCounters counters() const;
+  /// The remaining hysteresis allowance (overflowing steps left before a back-off; a sync).
+  int64_t hysteresis_remaining() const;
+
+  /// Optimizers that unscale inside their own (fused) step: checks the gradients for inf/NaN
+  /// without unscaling (float16 allowed; sparse float16 grads are coalesced first) and records
+  /// the flags as unscale_ would. Returns the flags per device (device tensors, no sync).
+  std::vector<std::pair<c10::Device, at::Tensor>> check_inf_per_device(
+      torch::optim::Optimizer& optimizer);
+
+  /// The state in Python's format: {"scale": float, "growth_factor": float, "backoff_factor":
+  /// float, "growth_interval": int, "_growth_tracker": int} plus extension keys prefixed
+  /// "_amp_" (Python ignores them); empty when disabled. Reads the scale (a sync).
+  c10::Dict<std::string, c10::IValue> state_dict() const;
+  /// Loads a state dict from Python or from state_dict(); a no-op when disabled. All or nothing:
+  /// an empty dict, a missing key, a wrong type, a non-finite or non-positive scale, an invalid
+  /// factor or interval, or a newer format version throws and leaves the scaler unchanged.
+  void load_state_dict(const c10::Dict<std::string, c10::IValue>& state_dict);
+  /// Same, for a generic dict as returned by torch::pickle_load (keys must be strings).
+  void load_state_dict(const c10::impl::GenericDict& state_dict);
+
+  /// Writes state_dict() to `path` in torch.save's format: Python reads it with
+  /// `torch.load(path, weights_only=True)` and GradScaler.load_state_dict.
+  void save_state_dict(const std::string& path) const;
+  /// Reads a file written by save_state_dict or by Python's `torch.save(scaler.state_dict(),
+  /// path)`; a missing, corrupt or truncated file throws and leaves the scaler unchanged.
+  void load_state_dict(const std::string& path);
+
+  /// Writes the state into a LibTorch archive (one key per entry, prefixed "grad_scaler.").
+  /// Throws in the middle of an iteration (after unscale_/step, before update), as Python's
+  /// pickling of a GradScaler does.
+  void save(torch::serialize::OutputArchive& archive) const;
+  /// Reads the state written by save(); validation as in load_state_dict.
+  void load(torch::serialize::InputArchive& archive);
+
+ private:
+  enum class Stage { kReady, kUnscaled, kStepped };
+  struct OptimizerState {
+    Stage stage = Stage::kReady;
+    std::vector<std::pair<c10::Device, at::Tensor>> found_inf_per_device;
+  };
+
+  void lazy_init(const c10::Device& device);
+  void check_initialized(const char* funcname) const;
+  std::vector<std::pair<c10::Device, at::Tensor>> unscale_grads(torch::optim::Optimizer& optimizer,
+                                                                const at::Tensor& inv_scale,
+                                                                const at::Tensor& found_inf,
+                                                                bool allow_fp16);
+  bool uses_extended_update() const;
+
+  c10::DeviceType device_type_;
+  GradScalerOptions options_;
+  bool enabled_;
+  double init_scale_;
+  int64_t init_growth_tracker_ = 0;
+  double growth_factor_;
+  double backoff_factor_;
+  int64_t growth_interval_;
+  // Extension state before lazy init (restored by load_state_dict, like init_scale_).
+  int64_t init_hysteresis_remaining_;
+  GradScalerCounters init_counters_;
+
+  at::Tensor scale_;                 // 0-dim float32
+  at::Tensor growth_tracker_;        // 0-dim int32
+  at::Tensor hysteresis_remaining_;  // 0-dim int32, only with the extended update
+  at::Tensor counters_;              // int64 [taken, skipped, consecutive], only with counters
+  // Keyed by optimizer identity, as Python keys by id(optimizer).
+  std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_states_;
+};
+
+/// Archive operators so `torch::save(scaler, path)` / `torch::load(scaler, path)` work and a
+/// scaler can share a checkpoint archive with a model and an optimizer.
+AMP_EXPORT torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
+                                                       const GradScaler& scaler);
+AMP_EXPORT torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
+                                                      GradScaler& scaler);
+
+}  // namespace amp

@@ -1,0 +1,349 @@
+// amp::GradScaler: torch.amp.GradScaler's state machine, scaling, unscaling, stepping and update.
+#include <amp/grad_scaler.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+#include "scaler/scaler_ops.h"
+#include "scaler/validate.h"
+
+namespace amp {
+
+namespace {
+
+// Copies of one tensor per device, made on first request (Python's _MultiDeviceReplicator).
+class PerDeviceCopies {
+ public:
+  explicit PerDeviceCopies(at::Tensor master) : master_(std::move(master)) {}
+
+  const at::Tensor& get(const c10::Device& device) {
+    for (const auto& [dev, tensor] : copies_) {
+      if (dev == device) return tensor;
+    }
+    copies_.emplace_back(device, master_.to(device, master_.scalar_type(), /*non_blocking=*/true,
+                                            /*copy=*/true));
+    return copies_.back().second;
+  }
+
+  std::vector<std::pair<c10::Device, at::Tensor>> take() { return std::move(copies_); }
+
+ private:
+  at::Tensor master_;
+  std::vector<std::pair<c10::Device, at::Tensor>> copies_;
+};
+
+}  // namespace
+
+GradScaler::GradScaler(GradScalerOptions options)
+    : GradScaler(c10::DeviceType::CUDA, std::move(options)) {}
+
+GradScaler::GradScaler(c10::DeviceType device, GradScalerOptions options)
+    : device_type_(device),
+      options_(std::move(options)),
+      enabled_(options_.enabled()),
+      init_scale_(options_.init_scale()),
+      growth_factor_(options_.growth_factor()),
+      backoff_factor_(options_.backoff_factor()),
+      growth_interval_(options_.growth_interval()),
+      init_hysteresis_remaining_(options_.hysteresis()) {
+  if (device_type_ == c10::DeviceType::CUDA && enabled_ && !at::hasCUDA()) {
+    TORCH_WARN("amp::GradScaler is enabled for CUDA, but CUDA is not available.  Disabling.");
+    enabled_ = false;
+  }
+  if (!enabled_) return;
+  detail::check_init_scale(init_scale_);
+  detail::check_growth_factor(growth_factor_);
+  detail::check_backoff_factor(backoff_factor_);
+  detail::check_growth_interval(growth_interval_);
+  detail::check_extension_options(options_.hysteresis(), options_.min_scale(), options_.max_scale(),
+                                  init_scale_);
+}
+
+bool GradScaler::uses_extended_update() const {
+  return options_.hysteresis() > 1 || options_.min_scale() > 0.0 ||
+         options_.max_scale() < std::numeric_limits<double>::infinity();
+}
+
+void GradScaler::lazy_init(const c10::Device& device) {
+  scale_ = at::full({}, init_scale_, at::TensorOptions().dtype(at::kFloat).device(device));
+  growth_tracker_ =
+      at::full({}, init_growth_tracker_, at::TensorOptions().dtype(at::kInt).device(device));
+  if (uses_extended_update()) {
+    hysteresis_remaining_ = at::full({}, init_hysteresis_remaining_,
+                                     at::TensorOptions().dtype(at::kInt).device(device));
+  }
+  if (options_.track_counters()) {
+    counters_ = at::tensor({init_counters_.steps_taken, init_counters_.steps_skipped,
+                            init_counters_.consecutive_skips},
+                           at::TensorOptions().dtype(at::kLong))
+                    .to(device);
+  }
+}
+
+void GradScaler::check_initialized(const char* funcname) const {
+  // Python's wording (two spaces between the sentences included).
+  TORCH_CHECK(scale_.defined(), "Attempted ", funcname,
+              " but _scale is None.  This may indicate your script did not use "
+              "scaler.scale(loss or outputs) earlier in the iteration.");
+}
+
+at::Tensor GradScaler::scale(const at::Tensor& outputs) {
+  if (!enabled_) return outputs;
+  TORCH_CHECK(outputs.defined(),
+              "outputs must be a Tensor or an iterable of Tensors. GradScaler::scale got an "
+              "undefined tensor; pass the loss (or the outputs) to scale.");
+  if (!scale_.defined()) lazy_init(outputs.device());
+  return outputs * scale_.to(outputs.device(), scale_.scalar_type(), /*non_blocking=*/true);
+}
+
+std::vector<at::Tensor> GradScaler::scale(const std::vector<at::Tensor>& outputs) {
+  if (!enabled_) return outputs;
+  std::vector<at::Tensor> scaled;
+  scaled.reserve(outputs.size());
+  std::optional<PerDeviceCopies> copies;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const at::Tensor& value = outputs[i];
+    TORCH_CHECK(value.defined(),
+                "outputs must be a Tensor or an iterable of Tensors. GradScaler::scale got an "
+                "undefined tensor at index ",
+                i, "; pass only defined tensors.");
+    if (!copies) {
+      if (!scale_.defined()) lazy_init(value.device());
+      copies.emplace(scale_);
+    }
+    scaled.push_back(value * copies->get(value.device()));
+  }
+  return scaled;
+}
+
+std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::unscale_grads(
+    torch::optim::Optimizer& optimizer, const at::Tensor& inv_scale, const at::Tensor& found_inf,
+    bool allow_fp16) {
+  PerDeviceCopies per_device_inv_scale(inv_scale);
+  PerDeviceCopies per_device_found_inf(found_inf);
+
+  // Grouped by device, then dtype, in first-seen order (as Python's nested defaultdicts), so
+  // each group is one call of the fused check-and-unscale.
+  using DtypeGroups = std::vector<std::pair<at::ScalarType, std::vector<at::Tensor>>>;
+  std::vector<std::pair<c10::Device, DtypeGroups>> groups;
+
+  at::NoGradGuard no_grad;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& param : group.params()) {
+      if (!param.grad().defined()) continue;
+      if (!allow_fp16 && param.grad().scalar_type() == at::kHalf) {
+        TORCH_CHECK_VALUE(false, "Attempting to unscale FP16 gradients.");
+      }
+      at::Tensor to_unscale;
+      if (param.grad().is_sparse()) {
+        // Duplicate indices of scaled fp16 values may overflow only once summed, so the check
+        // has to see the coalesced values.
+        if (param.grad().scalar_type() == at::kHalf) param.mutable_grad() = param.grad().coalesce();
+        to_unscale = param.grad()._values();
+      } else {
+        to_unscale = param.grad();
+      }
+      const c10::Device device = to_unscale.device();
+      auto by_device = std::find_if(groups.begin(), groups.end(),
+                                    [&](const auto& entry) { return entry.first == device; });
+      if (by_device == groups.end()) by_device = groups.insert(groups.end(), {device, {}});
+      auto& dtypes = by_device->second;
+      auto by_dtype = std::find_if(dtypes.begin(), dtypes.end(), [&](const auto& entry) {
+        return entry.first == to_unscale.scalar_type();
+      });
+      if (by_dtype == dtypes.end()) {
+        by_dtype = dtypes.insert(dtypes.end(), {to_unscale.scalar_type(), {}});
+      }
+      by_dtype->second.push_back(std::move(to_unscale));
+    }
+  }
+
+  for (auto& [device, dtypes] : groups) {
+    // A reference into the cache: the seam writes the flag into that very tensor.
+    at::Tensor found = per_device_found_inf.get(device);
+    const at::Tensor& inv = per_device_inv_scale.get(device);
+    for (auto& [dtype, grads] : dtypes) detail::non_finite_check_and_unscale_(grads, found, inv);
+  }
+  return per_device_found_inf.take();
+}
+
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  if (!enabled_) return;
+  check_initialized("unscale_");
+  OptimizerState& state = per_optimizer_states_[&optimizer];
+  TORCH_CHECK(state.stage != Stage::kUnscaled,
+              "unscale_() has already been called on this optimizer since the last update().");
+  TORCH_CHECK(state.stage != Stage::kStepped, "unscale_() is being called after step().");
+
+  // The reciprocal in double, rounded once to float32, as Python does (fp32 division can be
+  // imprecise under some compile options).
+  const at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+  const at::Tensor found_inf = at::full({}, 0.0, scale_.options());
+  state.found_inf_per_device = unscale_grads(optimizer, inv_scale, found_inf, false);
+  state.stage = Stage::kUnscaled;
+}
+
+std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::check_inf_per_device(
+    torch::optim::Optimizer& optimizer) {
+  TORCH_CHECK(enabled_,
+              "GradScaler::check_inf_per_device needs an enabled scaler; this one is disabled.");
+  check_initialized("_check_inf_per_device");
+  const at::Tensor dummy_inv_scale = at::full({}, 1.0, scale_.options());
+  const at::Tensor found_inf = at::full({}, 0.0, scale_.options());
+  OptimizerState& state = per_optimizer_states_[&optimizer];
+  state.found_inf_per_device = unscale_grads(optimizer, dummy_inv_scale, found_inf, true);
+  return state.found_inf_per_device;
+}
+
+StepResult GradScaler::step(torch::optim::Optimizer& optimizer,
+                            torch::optim::Optimizer::LossClosure closure) {
+  if (!enabled_) return StepResult{true, optimizer.step(std::move(closure))};
+  TORCH_CHECK(!closure, "Closure use is not currently supported if GradScaler is enabled.");
+  check_initialized("step");
+  // unordered_map keeps references valid when unscale_ inserts nothing new for this key.
+  OptimizerState& state = per_optimizer_states_[&optimizer];
+  TORCH_CHECK(state.stage != Stage::kStepped,
+              "step() has already been called since the last update().");
+  if (state.stage == Stage::kReady) unscale_(optimizer);
+  TORCH_CHECK(!state.found_inf_per_device.empty(),
+              "No inf checks were recorded for this optimizer.");
+
+  at::Tensor found = state.found_inf_per_device.front().second;
+  for (size_t i = 1; i < state.found_inf_per_device.size(); ++i) {
+    found = found.to(scale_.device()) +
+            state.found_inf_per_device[i].second.to(scale_.device(), /*non_blocking=*/true);
+  }
+  const bool check_min_scale =
+      options_.at_min_scale() == MinScalePolicy::kThrow && options_.min_scale() > 0.0;
+  bool overflow = false;
+  bool at_min_scale = false;
+  if (check_min_scale) {
+    // Whether this overflow would back off below the floor, fetched with the flag in one read.
+    at::Tensor at_min = scale_.le(options_.min_scale());
+    if (hysteresis_remaining_.defined()) at_min = at_min.logical_and(hysteresis_remaining_.le(1));
+    // HOST SYNC (the only one in a step): the skip decision needs the flags on the host.
+    const at::Tensor flags = at::stack({found.to(scale_.device()).ne(0), at_min}).to(at::kCPU);
+    overflow = flags[0].item<bool>();
+    at_min_scale = flags[1].item<bool>();
+  } else {
+    // HOST SYNC (the only one in a step): a non-fused optimizer's step() runs on the host, so
+    // deciding whether to call it needs the inf/NaN flag here.
+    overflow = found.item<float>() != 0.0f;
+  }
+
+  StepResult result;
+  if (!overflow) {
+    result.loss = optimizer.step();
+    result.taken = true;
+  }
+  state.stage = Stage::kStepped;
+  TORCH_CHECK(!(overflow && at_min_scale), "GradScaler: the gradients overflowed (inf/NaN) while ",
+              "the scale is already at min_scale=", options_.min_scale(),
+              ", so the step was skipped and the scale cannot back off further. Try a lower "
+              "min_scale, a lower learning rate, bf16 instead of fp16, or check the model and "
+              "data for inf/NaN that scaling does not cause; MinScalePolicy::kSkip keeps "
+              "skipping instead of throwing.");
+  return result;
+}
+
+void GradScaler::update() {
+  if (!enabled_) return;
+  check_initialized("update");
+  std::vector<at::Tensor> found_infs;
+  for (const auto& [optimizer, state] : per_optimizer_states_) {
+    for (const auto& [device, found_inf] : state.found_inf_per_device) {
+      found_infs.push_back(
+          found_inf.to(scale_.device(), found_inf.scalar_type(), /*non_blocking=*/true));
+    }
+  }
+  TORCH_CHECK(!found_infs.empty(), "No inf checks were recorded prior to update.");
+  // Summed out of place: the per-optimizer flags may be held by callers of check_inf_per_device.
+  at::Tensor found_inf_combined = found_infs.front();
+  for (size_t i = 1; i < found_infs.size(); ++i)
+    found_inf_combined = found_inf_combined + found_infs[i];
+
+  if (uses_extended_update()) {
+    detail::update_scale_extended_(
+        scale_, growth_tracker_, hysteresis_remaining_, counters_, found_inf_combined,
+        detail::ExtendedUpdate{growth_factor_, backoff_factor_, growth_interval_,
+                               options_.hysteresis(), options_.consecutive_hysteresis(),
+                               options_.min_scale(), options_.max_scale()});
+  } else {
+    detail::update_scale_(scale_, growth_tracker_, found_inf_combined, growth_factor_,
+                          backoff_factor_, growth_interval_);
+    if (counters_.defined()) detail::advance_counters_(counters_, found_inf_combined);
+  }
+  per_optimizer_states_.clear();
+}
+
+void GradScaler::update(double new_scale) {
+  if (!enabled_) return;
+  check_initialized("update");
+  TORCH_CHECK(std::isfinite(new_scale) && new_scale > 0.0,
+              "GradScaler::update: new_scale must be finite and > 0. Got new_scale=", new_scale,
+              "; pass a positive scale such as 65536.0.");
+  scale_.fill_(new_scale);
+  per_optimizer_states_.clear();
+}
+
+void GradScaler::update(const at::Tensor& new_scale) {
+  if (!enabled_) return;
+  check_initialized("update");
+  static constexpr const char* kReason =
+      "new_scale should be a float or a 1-element torch.cuda.FloatTensor or torch.FloatTensor "
+      "with requires_grad=False.";
+  TORCH_CHECK(new_scale.defined(), kReason, " Got an undefined tensor.");
+  TORCH_CHECK(new_scale.device().type() == device_type_, kReason, " Got a tensor on ",
+              new_scale.device(), " for a scaler of device type ", device_type_, ".");
+  TORCH_CHECK(new_scale.numel() == 1, kReason, " Got a tensor with ", new_scale.numel(),
+              " elements.");
+  TORCH_CHECK(!new_scale.requires_grad(), kReason, " Got a tensor that requires grad.");
+  // reshape: Python accepts any 1-element shape here and then fails in copy_ for shape [1].
+  scale_.copy_(new_scale.reshape({}));
+  per_optimizer_states_.clear();
+}
+
+double GradScaler::get_scale() const {
+  if (!enabled_) return 1.0;
+  return scale_.defined() ? static_cast<double>(scale_.item<float>()) : init_scale_;
+}
+
+int64_t GradScaler::get_growth_tracker() const {
+  if (!enabled_) return 0;
+  return growth_tracker_.defined() ? growth_tracker_.item<int64_t>() : init_growth_tracker_;
+}
+
+void GradScaler::set_growth_factor(double new_factor) {
+  detail::check_growth_factor(new_factor);
+  growth_factor_ = new_factor;
+}
+
+void GradScaler::set_backoff_factor(double new_factor) {
+  detail::check_backoff_factor(new_factor);
+  backoff_factor_ = new_factor;
+}
+
+void GradScaler::set_growth_interval(int64_t new_interval) {
+  detail::check_growth_interval(new_interval);
+  growth_interval_ = new_interval;
+}
+
+GradScalerCounters GradScaler::counters() const {
+  TORCH_CHECK(options_.track_counters(),
+              "GradScaler::counters: this scaler does not track counters; construct it with "
+              "GradScalerOptions().track_counters(true).");
+  if (!enabled_) return {};
+  if (!counters_.defined()) return init_counters_;
+  const at::Tensor host = counters_.to(at::kCPU);
+  const int64_t* values = host.data_ptr<int64_t>();
+  return GradScalerCounters{values[0], values[1], values[2]};
+}
+
+int64_t GradScaler::hysteresis_remaining() const {
+  if (!enabled_) return 0;
+  if (!hysteresis_remaining_.defined()) return init_hysteresis_remaining_;
+  return hysteresis_remaining_.item<int64_t>();
+}
+
+}  // namespace amp

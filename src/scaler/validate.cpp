@@ -1,0 +1,52 @@
+// Range checks of GradScaler's options, worded once for construction, setters and loading.
+#include "scaler/validate.h"
+
+#include <cmath>
+
+#include <c10/util/Exception.h>
+
+namespace amp::detail {
+
+void check_init_scale(double init_scale) {
+  TORCH_CHECK(std::isfinite(init_scale) && init_scale > 0.0,
+              "The initial scale must be finite and > 0. Got init_scale=", init_scale,
+              "; pass a positive value such as 65536.0 (the default).");
+}
+
+void check_growth_factor(double growth_factor) {
+  // The first sentence is Python's wording.
+  TORCH_CHECK(std::isfinite(growth_factor) && growth_factor > 1.0,
+              "The growth factor must be > 1.0. Got growth_factor=", growth_factor,
+              "; pass a finite value above 1.0 (the default is 2.0).");
+}
+
+void check_backoff_factor(double backoff_factor) {
+  // The first sentence is Python's wording; a factor <= 0 would zero or flip the scale.
+  TORCH_CHECK(backoff_factor > 0.0 && backoff_factor < 1.0,
+              "The backoff factor must be < 1.0. Got backoff_factor=", backoff_factor,
+              "; pass a value in (0, 1) (the default is 0.5).");
+}
+
+void check_growth_interval(int64_t growth_interval) {
+  TORCH_CHECK(growth_interval >= 1,
+              "The growth interval must be >= 1. Got growth_interval=", growth_interval,
+              "; pass a positive number of steps (the default is 2000).");
+}
+
+void check_extension_options(int64_t hysteresis, double min_scale, double max_scale, double scale) {
+  TORCH_CHECK(hysteresis >= 1, "The hysteresis must be >= 1. Got hysteresis=", hysteresis,
+              "; pass 1 for torch.amp's behaviour or N to back off only after N overflows.");
+  TORCH_CHECK(std::isfinite(min_scale) && min_scale >= 0.0,
+              "The minimum scale must be finite and >= 0. Got min_scale=", min_scale,
+              "; pass 0 for no floor or a positive value such as 1.0.");
+  TORCH_CHECK(max_scale > 0.0, "The maximum scale must be > 0. Got max_scale=", max_scale,
+              "; pass infinity for no cap or a positive value such as 2^24.");
+  TORCH_CHECK(min_scale <= max_scale,
+              "min_scale must not exceed max_scale. Got min_scale=", min_scale,
+              " and max_scale=", max_scale, "; swap or widen them.");
+  TORCH_CHECK(scale >= min_scale && scale <= max_scale, "The scale must lie in [min_scale, ",
+              "max_scale]. Got scale=", scale, " with min_scale=", min_scale,
+              " and max_scale=", max_scale, "; choose an init_scale inside the bounds.");
+}
+
+}  // namespace amp::detail

@@ -1,0 +1,45 @@
+// CUDA autocast requested without CUDA warns once per process. This suite has its own
+// executable: the warning is process-wide, so no other test may request CUDA autocast first.
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include <ATen/autocast_mode.h>
+
+#include <string>
+#include <vector>
+
+#include <amp/autocast.h>
+
+#include "autocast_test_support.h"
+#include "support/devices.h"
+
+namespace {
+
+// Collects the warnings raised while it is installed.
+class WarningCollector : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  std::vector<std::string> messages;
+};
+
+}  // namespace
+
+TEST_CASE("CUDA autocast without CUDA warns once per process and runs disabled", "[autocast]") {
+  if (amp_test::cuda_usable()) return;  // with a GPU there is nothing to warn about
+  WarningCollector collector;
+  c10::WarningUtils::WarningHandlerGuard guard(&collector);
+  {
+    amp::AutocastGuard first(torch::kCUDA);
+    CHECK_FALSE(first.enabled());
+    CHECK_FALSE(at::autocast::is_autocast_enabled(torch::kCUDA));
+  }
+  REQUIRE(collector.messages.size() == 1);
+  CHECK_THAT(collector.messages[0],
+             Catch::Contains("CUDA autocast was requested but CUDA is not available") &&
+                 Catch::Contains("Disabling autocast"));
+  {
+    amp::AutocastGuard second(torch::kCUDA, torch::kBFloat16);
+    CHECK_FALSE(second.enabled());
+  }
+  CHECK(collector.messages.size() == 1);
+}

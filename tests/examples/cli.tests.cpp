@@ -1,0 +1,102 @@
+// The examples' option parsing: both option spellings, --help, and each kind of bad command line.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/cli.h"
+
+namespace {
+
+using amp_examples::UsageError;
+using Catch::Contains;
+
+struct Parsed {
+  std::int64_t epochs = 5;
+  std::string data = "default";
+};
+
+amp_examples::CommandLine make_cli(Parsed& parsed) {
+  amp_examples::CommandLine cli("prog", "Does a thing.");
+  cli.add_option("epochs", "N", "passes (default 5)", [&](std::string_view value) {
+    parsed.epochs = amp_examples::parse_integer("--epochs", value, 1, 100);
+  });
+  cli.add_option("data", "DIR", "where the data is",
+                 [&](std::string_view value) { parsed.data = std::string(value); });
+  return cli;
+}
+
+bool parse(const amp_examples::CommandLine& cli, std::vector<const char*> args) {
+  args.insert(args.begin(), "prog");
+  return cli.parse(static_cast<int>(args.size()), args.data());
+}
+
+}  // namespace
+
+TEST_CASE("Options are accepted as --name VALUE and --name=VALUE, the last one winning",
+          "[examples]") {
+  Parsed parsed;
+  const auto cli = make_cli(parsed);
+  CHECK(parse(cli, {}));
+  CHECK(parsed.epochs == 5);
+  CHECK(parse(cli, {"--epochs", "7", "--data=/a=b"}));
+  CHECK(parsed.epochs == 7);
+  CHECK(parsed.data == "/a=b");
+  CHECK(parse(cli, {"--epochs=2", "--epochs", "3"}));
+  CHECK(parsed.epochs == 3);
+}
+
+TEST_CASE("--help and -h ask for the usage text instead of a run", "[examples]") {
+  Parsed parsed;
+  const auto cli = make_cli(parsed);
+  CHECK_FALSE(parse(cli, {"--help"}));
+  CHECK_FALSE(parse(cli, {"--epochs", "2", "-h"}));
+  const std::string usage = cli.usage();
+  CHECK_THAT(usage, Contains("usage: prog [--help] [--epochs N] [--data DIR]"));
+  CHECK_THAT(usage, Contains("Does a thing."));
+  CHECK_THAT(usage, Contains("--epochs N    passes (default 5)"));
+}
+
+TEST_CASE("Unknown options, stray arguments and missing values are usage errors", "[examples]") {
+  Parsed parsed;
+  const auto cli = make_cli(parsed);
+  CHECK_THROWS_MATCHES(parse(cli, {"--epoch", "3"}), UsageError,
+                       Catch::Matchers::Message("unknown option '--epoch'"));
+  CHECK_THROWS_WITH(parse(cli, {"--epochs=3", "--bogus=1"}), "unknown option '--bogus'");
+  CHECK_THROWS_WITH(parse(cli, {"data"}),
+                    "unexpected argument 'data'; options are written --name VALUE");
+  CHECK_THROWS_WITH(parse(cli, {"--"}), Contains("unexpected argument '--'"));
+  CHECK_THROWS_WITH(parse(cli, {"--data"}), "option --data needs a value (DIR)");
+  CHECK_THROWS_WITH(parse(cli, {"--epochs", "0"}),
+                    "--epochs must be a whole number from 1 to 100, not '0'");
+}
+
+TEST_CASE("Integers must be whole, in range and nothing else", "[examples]") {
+  CHECK(amp_examples::parse_integer("--n", "42", 0, 100) == 42);
+  CHECK(amp_examples::parse_integer("--n", "0", 0, 100) == 0);
+  for (const char* bad : {"", "4.5", "3x", "-1", "101", " 7", "99999999999999999999"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH(amp_examples::parse_integer("--n", bad, 0, 100),
+                      "--n must be a whole number from 0 to 100, not '" + std::string(bad) + "'");
+  }
+}
+
+TEST_CASE("Positive numbers must be finite and above zero", "[examples]") {
+  CHECK(amp_examples::parse_positive_number("--lr", "0.01") == 0.01);
+  CHECK(amp_examples::parse_positive_number("--lr", "1e-3") == 0.001);
+  for (const char* bad : {"0", "-0.5", "nan", "inf", "", "0.1.2", "abc"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH(
+        amp_examples::parse_positive_number("--lr", bad),
+        "--lr must be a finite number greater than 0, not '" + std::string(bad) + "'");
+  }
+}
+
+TEST_CASE("A choice is one of the listed words, named in the error otherwise", "[examples]") {
+  const std::vector<std::string_view> choices = {"fp32", "bf16"};
+  CHECK(amp_examples::parse_choice("--precision", "bf16", choices) == 1);
+  CHECK(amp_examples::parse_choice("--precision", "fp32", choices) == 0);
+  CHECK_THROWS_WITH(amp_examples::parse_choice("--precision", "BF16", choices),
+                    "--precision must be one of fp32, bf16, not 'BF16'");
+}

@@ -1,0 +1,197 @@
+// C++ twin of scaler_parity.py's reference training: runs amp::GradScaler + amp::AutocastGuard on
+// the same inputs and writes the per-step trajectory and final parameters for comparison.
+#include <torch/torch.h>
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <amp/autocast.h>
+#include <amp/grad_scaler.h>
+
+namespace {
+
+std::vector<char> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in.good(), "cannot open ", path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The inputs dict written by scaler_parity.py.
+struct Inputs {
+  explicit Inputs(const std::string& path)
+      : dict(torch::pickle_load(read_bytes(path)).toGenericDict()) {}
+  c10::IValue at(const std::string& key) const { return dict.at(c10::IValue(key)); }
+  double real(const std::string& key) const { return at(key).toDouble(); }
+  int64_t integer(const std::string& key) const { return at(key).toInt(); }
+  std::string text(const std::string& key) const { return at(key).toStringRef(); }
+  std::vector<torch::Tensor> tensors(const std::string& key) const {
+    std::vector<torch::Tensor> out;
+    for (const auto& value : at(key).toList()) out.push_back(value.get().toTensor());
+    return out;
+  }
+  c10::impl::GenericDict dict;
+};
+
+torch::Tensor forward(const std::vector<torch::Tensor>& p, const torch::Tensor& x) {
+  return torch::linear(torch::linear(x, p[0], p[1]).relu(), p[2], p[3]);
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
+                                                        std::vector<torch::Tensor> params) {
+  if (kind == "adam") {
+    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
+  }
+  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+}
+
+// Python's clip_grad_norm_(foreach=False) op for op (including `max_norm / t` being
+// `t.reciprocal() * max_norm` in Python), so the clipped gradients agree bit for bit.
+void clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
+  std::vector<torch::Tensor> norms;
+  for (const auto& p : params) {
+    if (p.grad().defined()) norms.push_back(torch::linalg_vector_norm(p.grad(), 2));
+  }
+  const auto total = torch::linalg_vector_norm(torch::stack(norms), 2);
+  const auto coef = torch::clamp((total + 1e-6).reciprocal() * max_norm, c10::nullopt, 1.0);
+  torch::NoGradGuard no_grad;
+  for (const auto& p : params) {
+    if (p.grad().defined()) p.grad().mul_(coef);
+  }
+}
+
+amp::GradScaler make_scaler(const Inputs& in) {
+  return amp::GradScaler(c10::DeviceType::CPU, amp::GradScalerOptions()
+                                                   .init_scale(in.real("init_scale"))
+                                                   .growth_factor(in.real("growth_factor"))
+                                                   .backoff_factor(in.real("backoff_factor"))
+                                                   .growth_interval(in.integer("growth_interval")));
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  if (argc != 4) {
+    std::cerr << "usage: scaler_parity_driver INPUTS.pt ACTUAL.pt WORKDIR\n";
+    return 2;
+  }
+  torch::set_num_threads(1);
+  const Inputs in(argv[1]);
+  const std::string workdir = argv[3];
+  const std::string dtype_name = in.text("dtype");
+  const auto dtype = dtype_name == "float16"    ? torch::kHalf
+                     : dtype_name == "bfloat16" ? torch::kBFloat16
+                                                : torch::kFloat;
+  const bool autocast = dtype != torch::kFloat;
+  const int64_t steps = in.integer("steps");
+  const int64_t acc = in.integer("accumulate");
+  const bool two_models = in.integer("two_models") != 0;
+  const double clip = in.real("clip");
+  const auto xs = in.tensors("xs");
+  const auto ys = in.tensors("ys");
+
+  std::vector<torch::Tensor> params;
+  for (const auto& w : in.tensors("weights")) params.push_back(w.clone().requires_grad_(true));
+  std::vector<std::vector<torch::Tensor>> groups;
+  for (size_t i = 0; i < params.size(); i += 4) {
+    groups.emplace_back(params.begin() + i, params.begin() + i + 4);
+  }
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers;
+  for (const auto& g : groups) optimizers.push_back(make_optimizer(in.text("optimizer"), g));
+  std::map<int64_t, int64_t> inject;
+  const auto inject_table = in.at("inject").toTensor();
+  for (int64_t i = 0; i < inject_table.size(0); ++i) {
+    inject[inject_table[i][0].item<int64_t>()] = inject_table[i][1].item<int64_t>();
+  }
+
+  auto scaler = make_scaler(in);
+  std::vector<double> scales;
+  std::vector<int64_t> trackers;
+  std::vector<bool> skipped;
+  std::vector<torch::Tensor> losses;
+  for (int64_t step = 0; step < steps; ++step) {
+    for (auto& opt : optimizers) opt->zero_grad();
+    auto step_loss = torch::zeros({});
+    for (int64_t micro = 0; micro < acc; ++micro) {
+      const auto& x = xs[step * acc + micro];
+      const auto& y = ys[step * acc + micro];
+      torch::Tensor loss0, loss1;
+      {
+        amp::AutocastGuard guard(c10::DeviceType::CPU, dtype, autocast);
+        if (two_models) {
+          const auto out0 = forward(groups[0], x);
+          const auto out1 = forward(groups[1], x);
+          loss0 = torch::mse_loss(out0 * 2 + out1 * 3, y);
+          loss1 = torch::mse_loss(out0 * 3 - out1 * 5, y);
+        } else {
+          loss0 = torch::mse_loss(forward(groups[0], x), y) / acc;
+        }
+      }
+      if (two_models) {
+        scaler.scale(loss0).backward({}, /*retain_graph=*/true);
+        scaler.scale(loss1).backward();
+        step_loss = step_loss + loss0.detach().to(torch::kFloat) + loss1.detach().to(torch::kFloat);
+      } else {
+        scaler.scale(loss0).backward();
+        step_loss = step_loss + loss0.detach().to(torch::kFloat);
+      }
+    }
+    if (auto it = inject.find(step); it != inject.end()) {
+      torch::NoGradGuard no_grad;
+      params[0].grad()[0][0] = it->second == 0 ? INFINITY : NAN;
+    }
+    if (clip > 0) {
+      scaler.unscale_(*optimizers[0]);
+      clip_grad_norm(groups[0], clip);
+    }
+    if (two_models) scaler.unscale_(*optimizers[0]);
+    bool any_skipped = false;
+    for (auto& opt : optimizers) any_skipped |= !scaler.step(*opt).taken;
+    if (step == in.integer("new_scale_at")) {
+      scaler.update(in.real("new_scale"));
+    } else if (step == in.integer("new_scale_tensor_at")) {
+      scaler.update(torch::tensor(in.real("new_scale_tensor")));
+    } else {
+      scaler.update();
+    }
+    if (step == in.integer("resume_at")) {
+      // Resume from a file, as a restarted job would: a fresh scaler with other settings. It
+      // loads the file Python's reference run saved at this step, and the file this run saved
+      // must hold the same state.
+      const std::string own_path = workdir + "/cpp_resume.pt";
+      scaler.save_state_dict(own_path);
+      amp::GradScaler resumed(c10::DeviceType::CPU, amp::GradScalerOptions().init_scale(1.0));
+      resumed.load_state_dict(workdir + "/python_resume.pt");
+      amp::GradScaler own(c10::DeviceType::CPU, amp::GradScalerOptions().init_scale(1.0));
+      own.load_state_dict(own_path);
+      if (own.get_scale() != resumed.get_scale() ||
+          own.get_growth_tracker() != resumed.get_growth_tracker()) {
+        std::cerr << "the C++ resume file differs from Python's\n";
+        return 1;
+      }
+      scaler = std::move(resumed);
+    }
+    scales.push_back(scaler.get_scale());
+    trackers.push_back(scaler.get_growth_tracker());
+    skipped.push_back(any_skipped);
+    losses.push_back(step_loss);
+  }
+
+  auto result = c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+  result.insert("scales", torch::tensor(scales, torch::kDouble));
+  result.insert("trackers", torch::tensor(trackers, torch::kLong));
+  auto skipped_tensor = torch::zeros({steps}, torch::kBool);
+  for (int64_t i = 0; i < steps; ++i) skipped_tensor[i] = static_cast<bool>(skipped[i]);
+  result.insert("skipped", skipped_tensor);
+  result.insert("losses", torch::stack(losses));
+  c10::List<torch::Tensor> final_params;
+  for (const auto& p : params) final_params.push_back(p.detach());
+  result.insert("params", final_params);
+  const auto bytes = torch::pickle_save(result);
+  std::ofstream(argv[2], std::ios::binary).write(bytes.data(), bytes.size());
+  return 0;
+}

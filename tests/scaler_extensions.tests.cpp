@@ -1,0 +1,119 @@
+// GradScaler's opt-in extensions: hysteresis, min/max scale, the min-scale policy, counters.
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include <amp/grad_scaler.h>
+
+#include "scaler_helpers.h"
+
+using amp::GradScaler;
+using amp::GradScalerOptions;
+using amp_test::cpu_scaler;
+using amp_test::make_param;
+using amp_test::set_grad;
+using Catch::Contains;
+
+namespace {
+
+// Runs one iteration with a finite (clean) or infinite gradient; returns whether it stepped.
+struct Loop {
+  explicit Loop(GradScalerOptions options)
+      : scaler(cpu_scaler(std::move(options))), param(make_param(1)), optimizer({param}, 0.0) {
+    scaler.scale(torch::ones({}));
+  }
+  bool iterate(bool overflow) {
+    set_grad(param, torch::full({1}, overflow ? INFINITY : 1.0f));
+    const bool taken = scaler.step(optimizer).taken;
+    scaler.update();
+    return taken;
+  }
+  GradScaler scaler;
+  torch::Tensor param;
+  torch::optim::SGD optimizer;
+};
+
+}  // namespace
+
+TEST_CASE("Extensions at their defaults follow torch.amp's trajectory exactly", "[scaler]") {
+  // hysteresis 1 with bounds that never bind goes through the extended update; it must agree
+  // with the plain one (ATen's kernel) bit for bit.
+  Loop plain(GradScalerOptions().init_scale(3.0).growth_interval(2).backoff_factor(0.3));
+  Loop extended(
+      GradScalerOptions().init_scale(3.0).growth_interval(2).backoff_factor(0.3).max_scale(1e30));
+  for (bool overflow : {false, false, true, false, true, true, false, false, false}) {
+    CHECK(plain.iterate(overflow) == extended.iterate(overflow));
+    CHECK(plain.scaler.scale_tensor().item<float>() ==
+          extended.scaler.scale_tensor().item<float>());
+    CHECK(plain.scaler.get_growth_tracker() == extended.scaler.get_growth_tracker());
+  }
+}
+
+TEST_CASE(
+    "Hysteresis backs off only after N overflows and refills after growth_interval clean "
+    "steps",
+    "[scaler]") {
+  Loop loop(GradScalerOptions().init_scale(64.0).hysteresis(2).growth_interval(3));
+  CHECK_FALSE(loop.iterate(true));
+  CHECK(loop.scaler.get_scale() == 64.0);  // first overflow spends the allowance
+  CHECK(loop.scaler.hysteresis_remaining() == 1);
+  CHECK(loop.scaler.get_growth_tracker() == 0);
+  loop.iterate(true);
+  CHECK(loop.scaler.get_scale() == 32.0);  // second one backs off
+  loop.iterate(true);
+  CHECK(loop.scaler.get_scale() == 16.0);  // still exhausted: every overflow backs off
+  loop.iterate(false);
+  loop.iterate(false);
+  CHECK(loop.scaler.hysteresis_remaining() == 0);  // not refilled before growth
+  loop.iterate(false);
+  CHECK(loop.scaler.get_scale() == 32.0);
+  CHECK(loop.scaler.hysteresis_remaining() == 2);  // refilled with the growth
+}
+
+TEST_CASE("Consecutive hysteresis refills after every clean step", "[scaler]") {
+  Loop loop(GradScalerOptions().init_scale(64.0).hysteresis(2).consecutive_hysteresis(true));
+  loop.iterate(true);
+  CHECK(loop.scaler.hysteresis_remaining() == 1);
+  loop.iterate(false);
+  CHECK(loop.scaler.hysteresis_remaining() == 2);
+  loop.iterate(true);
+  CHECK(loop.scaler.get_scale() == 64.0);
+}
+
+TEST_CASE("min_scale and max_scale bound the scale", "[scaler]") {
+  Loop low(GradScalerOptions().init_scale(4.0).min_scale(2.0));
+  low.iterate(true);
+  low.iterate(true);
+  low.iterate(true);
+  CHECK(low.scaler.get_scale() == 2.0);
+  Loop high(GradScalerOptions().init_scale(4.0).max_scale(6.0).growth_interval(1));
+  high.iterate(false);
+  CHECK(high.scaler.get_scale() == 6.0);
+  high.iterate(false);
+  CHECK(high.scaler.get_scale() == 6.0);
+}
+
+TEST_CASE("The throw policy stops at min_scale with advice, the skip policy keeps skipping",
+          "[scaler]") {
+  Loop strict(
+      GradScalerOptions().init_scale(4.0).min_scale(2.0).at_min_scale(amp::MinScalePolicy::kThrow));
+  strict.iterate(true);  // 4 -> 2 is allowed
+  CHECK(strict.scaler.get_scale() == 2.0);
+  set_grad(strict.param, torch::full({1}, INFINITY));
+  CHECK_THROWS_WITH(strict.scaler.step(strict.optimizer),
+                    Contains("while the scale is already at min_scale=2") &&
+                        Contains("MinScalePolicy::kSkip keeps skipping"));
+  Loop lenient(GradScalerOptions().init_scale(4.0).min_scale(2.0));
+  for (int i = 0; i < 3; ++i) CHECK_FALSE(lenient.iterate(true));
+  CHECK(lenient.scaler.get_scale() == 2.0);
+}
+
+TEST_CASE("Counters count taken, skipped and consecutive skipped iterations", "[scaler]") {
+  Loop loop(GradScalerOptions().track_counters(true));
+  for (bool overflow : {false, true, true, false, true}) loop.iterate(overflow);
+  const auto counters = loop.scaler.counters();
+  CHECK(counters.steps_taken == 2);
+  CHECK(counters.steps_skipped == 3);
+  CHECK(counters.consecutive_skips == 1);
+  auto untracked = cpu_scaler();
+  CHECK_THROWS_WITH(untracked.counters(), Contains("track_counters(true)"));
+}

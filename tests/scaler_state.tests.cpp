@@ -1,0 +1,291 @@
+// GradScaler's state: state_dict keys and types, all-or-nothing loading, files, archives, Python.
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <amp/grad_scaler.h>
+
+#include "scaler_helpers.h"
+
+using amp::GradScaler;
+using amp::GradScalerOptions;
+using amp_test::cpu_scaler;
+using amp_test::make_param;
+using amp_test::make_state_dict;
+using amp_test::set_grad;
+using Catch::Contains;
+
+namespace {
+
+// A scaler that has run a few iterations: scale 256 (from 1024: inf, inf, clean), tracker 1.
+GradScaler trained_scaler(GradScalerOptions options = GradScalerOptions().init_scale(1024.0)) {
+  auto scaler = cpu_scaler(std::move(options));
+  auto param = make_param(1);
+  torch::optim::SGD optimizer({param}, 0.0);
+  scaler.scale(torch::ones({}));
+  for (float grad : {INFINITY, NAN, 1.0f}) {
+    set_grad(param, torch::full({1}, grad));
+    scaler.step(optimizer);
+    scaler.update();
+  }
+  return scaler;
+}
+
+c10::Dict<std::string, c10::IValue> python_style_dict() {
+  auto dict = make_state_dict();
+  dict.insert("scale", 128.0);
+  dict.insert("growth_factor", 3.0);
+  dict.insert("backoff_factor", 0.25);
+  dict.insert("growth_interval", int64_t{5});
+  dict.insert("_growth_tracker", int64_t{4});
+  return dict;
+}
+
+std::filesystem::path temp_path(const std::string& name) {
+  return std::filesystem::temp_directory_path() /
+         ("amp_scaler_" + std::to_string(::getpid()) + "_" + name);
+}
+
+int run_python(const std::string& args) {
+  const std::string command = std::string("\"") + AMP_TEST_PYTHON + "\" \"" + AMP_TEST_SOURCE_DIR +
+                              "/parity/scaler_interop.py\" " + args;
+  return std::system(command.c_str());
+}
+
+}  // namespace
+
+TEST_CASE("state_dict has Python's keys and value types", "[scaler][state]") {
+  const auto scaler = trained_scaler();
+  const auto dict = scaler.state_dict();
+  CHECK(dict.at("scale").isDouble());
+  CHECK(dict.at("scale").toDouble() == 256.0);
+  CHECK(dict.at("growth_factor").toDouble() == 2.0);
+  CHECK(dict.at("backoff_factor").toDouble() == 0.5);
+  CHECK(dict.at("growth_interval").isInt());
+  CHECK(dict.at("growth_interval").toInt() == 2000);
+  CHECK(dict.at("_growth_tracker").isInt());
+  CHECK(dict.at("_growth_tracker").toInt() == 1);
+  CHECK(dict.at("_amp_format_version").toInt() == 1);
+  CHECK(dict.at("_amp_hysteresis").toInt() == 1);
+}
+
+TEST_CASE("A state dict round-trips into a fresh scaler, before and after lazy init",
+          "[scaler][state]") {
+  const auto source = trained_scaler();
+  auto before_init = cpu_scaler();
+  before_init.load_state_dict(source.state_dict());
+  CHECK(before_init.get_scale() == 256.0);
+  CHECK(before_init.get_growth_tracker() == 1);
+  before_init.scale(torch::ones({}));  // lazy init takes the loaded values
+  CHECK(before_init.scale_tensor().item<float>() == 256.0f);
+  CHECK(before_init.growth_tracker_tensor().item<int>() == 1);
+
+  auto after_init = cpu_scaler();
+  after_init.scale(torch::ones({}));
+  after_init.load_state_dict(python_style_dict());
+  CHECK(after_init.get_scale() == 128.0);
+  CHECK(after_init.get_growth_tracker() == 4);
+  CHECK(after_init.get_growth_factor() == 3.0);
+  CHECK(after_init.get_backoff_factor() == 0.25);
+  CHECK(after_init.get_growth_interval() == 5);
+}
+
+TEST_CASE("An empty state dict is refused with Python's message", "[scaler][state]") {
+  auto scaler = cpu_scaler();
+  CHECK_THROWS_WITH(scaler.load_state_dict(make_state_dict()),
+                    Contains("The source state dict is empty, possibly because it was saved from "
+                             "a disabled instance of GradScaler."));
+  // What a disabled scaler saves is what an enabled one refuses.
+  const auto disabled = cpu_scaler(GradScalerOptions().enabled(false));
+  CHECK_THROWS_WITH(scaler.load_state_dict(disabled.state_dict()),
+                    Contains("The source state dict is empty"));
+}
+
+TEST_CASE("A bad state dict throws and leaves the scaler exactly as it was", "[scaler][state]") {
+  auto scaler = trained_scaler();
+  const auto before = scaler.state_dict();
+  auto dict = python_style_dict();
+  std::string expected;
+  SECTION("missing key") {
+    REQUIRE(dict.erase("_growth_tracker") == 1);
+    expected = "the state dict has no key '_growth_tracker'";
+  }
+  SECTION("wrong type") {
+    dict.insert_or_assign("growth_interval", 2.5);
+    expected = "'growth_interval' must be an int, got a value of type Double";
+  }
+  SECTION("string scale") {
+    dict.insert_or_assign("scale", std::string("big"));
+    expected = "'scale' must be a float, got a value of type String";
+  }
+  SECTION("non-finite scale") {
+    dict.insert_or_assign("scale", std::numeric_limits<double>::infinity());
+    expected = "'scale' must be finite and > 0, got inf";
+  }
+  SECTION("non-positive scale") {
+    dict.insert_or_assign("scale", 0.0);
+    expected = "'scale' must be finite and > 0, got 0";
+  }
+  SECTION("growth_interval below 1") {
+    dict.insert_or_assign("growth_interval", int64_t{0});
+    expected = "The growth interval must be >= 1. Got growth_interval=0";
+  }
+  SECTION("bad growth factor") {
+    dict.insert_or_assign("growth_factor", 0.5);
+    expected = "The growth factor must be > 1.0. Got growth_factor=0.5";
+  }
+  SECTION("newer format version") {
+    dict.insert("_amp_format_version", int64_t{99});
+    expected = "the state dict has format version 99 but this amp reads versions up to 1";
+  }
+  SECTION("bad extension value") {
+    dict.insert("_amp_hysteresis", int64_t{0});
+    expected = "The hysteresis must be >= 1. Got hysteresis=0";
+  }
+  CHECK_THROWS_WITH(scaler.load_state_dict(dict), Contains(expected));
+  const auto after = scaler.state_dict();
+  CHECK(after.at("scale").toDouble() == before.at("scale").toDouble());
+  CHECK(after.at("_growth_tracker").toInt() == before.at("_growth_tracker").toInt());
+  CHECK(after.at("growth_factor").toDouble() == before.at("growth_factor").toDouble());
+  CHECK(after.at("growth_interval").toInt() == before.at("growth_interval").toInt());
+  CHECK(after.at("_amp_hysteresis").toInt() == before.at("_amp_hysteresis").toInt());
+}
+
+TEST_CASE("A disabled scaler ignores load_state_dict, as in Python", "[scaler][state]") {
+  auto scaler = cpu_scaler(GradScalerOptions().enabled(false));
+  CHECK_NOTHROW(scaler.load_state_dict(python_style_dict()));
+  CHECK(scaler.get_scale() == 1.0);
+}
+
+TEST_CASE("save_state_dict and load_state_dict(path) round-trip, and bad files are refused",
+          "[scaler][state]") {
+  const auto path = temp_path("roundtrip.pt");
+  trained_scaler().save_state_dict(path.string());
+  auto loaded = cpu_scaler();
+  loaded.load_state_dict(path.string());
+  CHECK(loaded.get_scale() == 256.0);
+  CHECK(loaded.get_growth_tracker() == 1);
+
+  auto untouched = trained_scaler(GradScalerOptions().init_scale(64.0));
+  const double scale_before = untouched.get_scale();
+  CHECK_THROWS_WITH(untouched.load_state_dict(temp_path("missing.pt").string()),
+                    Contains("cannot open"));
+
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto truncated = temp_path("truncated.pt");
+  std::ofstream(truncated, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  CHECK_THROWS_WITH(untouched.load_state_dict(truncated.string()),
+                    Contains("is not a readable state dict file"));
+  const auto garbage = temp_path("garbage.pt");
+  std::ofstream(garbage, std::ios::binary) << "this is not a checkpoint";
+  CHECK_THROWS_WITH(untouched.load_state_dict(garbage.string()),
+                    Contains("is not a readable state dict file"));
+  const auto tensor_file = temp_path("tensor.pt");
+  {
+    const auto data = torch::pickle_save(torch::ones({2}));
+    std::ofstream(tensor_file, std::ios::binary).write(data.data(), data.size());
+  }
+  CHECK_THROWS_WITH(untouched.load_state_dict(tensor_file.string()), Contains("not a dict"));
+  CHECK(untouched.get_scale() == scale_before);
+  for (const auto& p : {path, truncated, garbage, tensor_file}) std::filesystem::remove(p);
+}
+
+TEST_CASE("torch::save / torch::load and archives carry the scaler next to a model",
+          "[scaler][state]") {
+  const auto path = temp_path("archive.pt");
+  const auto source = trained_scaler(
+      GradScalerOptions().init_scale(1024.0).hysteresis(3).min_scale(1.0).track_counters(true));
+  torch::save(source, path.string());
+  auto target = cpu_scaler(GradScalerOptions().track_counters(true));
+  torch::load(target, path.string());
+  CHECK(target.get_scale() == source.get_scale());
+  CHECK(target.get_growth_tracker() == source.get_growth_tracker());
+  CHECK(target.options().hysteresis() == 3);
+  CHECK(target.hysteresis_remaining() == source.hysteresis_remaining());
+  CHECK(target.options().min_scale() == 1.0);
+  CHECK(target.counters().steps_skipped == 2);
+  CHECK(target.counters().steps_taken == 1);
+
+  // One checkpoint with a model, an optimizer and the scaler.
+  torch::nn::Linear model(2, 1);
+  torch::optim::SGD optimizer(model->parameters(), 0.1);
+  torch::serialize::OutputArchive checkpoint;
+  torch::serialize::OutputArchive model_archive, optimizer_archive;
+  model->save(model_archive);
+  optimizer.save(optimizer_archive);
+  checkpoint.write("model", model_archive);
+  checkpoint.write("optimizer", optimizer_archive);
+  checkpoint << source;
+  checkpoint.save_to(path.string());
+
+  torch::serialize::InputArchive restored;
+  restored.load_from(path.string());
+  auto resumed = cpu_scaler();
+  restored >> resumed;
+  CHECK(resumed.get_scale() == source.get_scale());
+  torch::serialize::InputArchive model_in;
+  restored.read("model", model_in);
+  torch::nn::Linear model_copy(2, 1);
+  model_copy->load(model_in);
+  CHECK(torch::equal(model_copy->weight, model->weight));
+
+  // Mid-iteration (after step, before update) the scaler refuses to be saved, as Python's pickle.
+  {
+    auto busy = cpu_scaler();
+    auto param = make_param(1);
+    torch::optim::SGD optimizer({param}, 0.0);
+    busy.scale(torch::ones({}));
+    set_grad(param, torch::ones({1}));
+    busy.step(optimizer);
+    CHECK_THROWS_WITH(torch::save(busy, path.string()),
+                      Contains("A GradScaler instance may only be pickled at the beginning of an "
+                               "iteration, or at the end after scaler.update()."));
+    busy.update();
+    CHECK_NOTHROW(torch::save(busy, path.string()));
+  }
+
+  // A disabled scaler writes nothing; loading that into an enabled one says so as Python does.
+  torch::save(cpu_scaler(GradScalerOptions().enabled(false)), path.string());
+  auto enabled = cpu_scaler();
+  CHECK_THROWS_WITH(torch::load(enabled, path.string()),
+                    Contains("The source state dict is empty"));
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("A state dict file from C++ loads in Python's torch.amp.GradScaler",
+          "[scaler][state][python]") {
+  const auto path = temp_path("to_python.pt");
+  auto scaler = trained_scaler(GradScalerOptions().init_scale(1024.0).growth_interval(7));
+  scaler.set_growth_factor(3.0);
+  scaler.save_state_dict(path.string());
+  CHECK(run_python("check " + path.string() + " 256.0 1 3.0 0.5 7") == 0);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("A state dict file saved by Python's torch.save loads in C++",
+          "[scaler][state][python]") {
+  const auto path = temp_path("from_python.pt");
+  REQUIRE(run_python("write " + path.string()) == 0);
+  auto scaler = cpu_scaler();
+  scaler.load_state_dict(path.string());
+  CHECK(scaler.get_scale() == 64.0);
+  CHECK(scaler.get_growth_tracker() == 2);
+  CHECK(scaler.get_growth_factor() == 4.0);
+  CHECK(scaler.get_backoff_factor() == 0.125);
+  CHECK(scaler.get_growth_interval() == 3);
+  // The next clean step completes the interval: 64 * 4.
+  auto param = make_param(1);
+  torch::optim::SGD optimizer({param}, 0.0);
+  scaler.scale(torch::ones({}));
+  set_grad(param, torch::ones({1}));
+  scaler.step(optimizer);
+  scaler.update();
+  CHECK(scaler.get_scale() == 256.0);
+  std::filesystem::remove(path);
+}
