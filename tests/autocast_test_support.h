@@ -1,5 +1,5 @@
-// Helpers shared by the autocast suites: Catch's CHECK back in charge, the thread's full
-// autocast state for before/after comparisons, and the weight-cast observation.
+// Helpers shared by the autocast suites: the thread's full autocast state for before/after
+// comparisons, and the weight-cast observation.
 #pragma once
 
 #include <torch/torch.h>
@@ -10,13 +10,6 @@
 #include <initializer_list>
 
 #include <amp/autocast.h>
-
-// c10's logging header (reached through torch/torch.h, after catch.hpp in the shared precompiled
-// header) redefines CHECK as a fatal one-argument assertion; restore Catch's definition so a
-// failed CHECK is reported and counted instead of aborting the run.
-#undef CHECK
-#define CHECK(...) \
-  INTERNAL_CATCH_TEST("CHECK", Catch::ResultDisposition::ContinueOnFailure, __VA_ARGS__)
 
 namespace amp_test {
 

@@ -7,6 +7,8 @@
 
 namespace amp_test {
 
-bool cuda_usable() { return amp::built_with_cuda() && at::hasCUDA(); }
+bool cuda_usable() { return amp::built_with_cuda() && cuda_present(); }
+
+bool cuda_present() { return at::hasCUDA(); }
 
 }  // namespace amp_test

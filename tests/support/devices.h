@@ -9,4 +9,7 @@ inline constexpr int kSkipReturnCode = 77;
 /// True when this build of amp has CUDA code and a CUDA device is present.
 bool cuda_usable();
 
+/// True when LibTorch sees a CUDA device, whether or not amp was built with CUDA.
+bool cuda_present();
+
 }  // namespace amp_test

@@ -1,18 +1,26 @@
-// Catch2 runner for amp's tests: runs the selected tests, and reports a run that selects only
-// [cuda] tests on a machine without a usable GPU as skipped (exit 77, CTest's SKIP_RETURN_CODE).
+// Catch2 runner for amp's tests: runs the selected tests, and reports as skipped (exit 77,
+// CTest's SKIP_RETURN_CODE) a run that selects only [cuda] tests on a machine without a usable
+// GPU, or only [no-gpu] tests (the paths taken when CUDA is missing) on a machine with one.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "support/devices.h"
 
 namespace {
 
-bool needs_cuda(const Catch::TestCase& test) {
+bool has_tag(const Catch::TestCase& test, const std::string& tag) {
   const auto& tags = test.getTestCaseInfo().tags;
-  return std::find(tags.begin(), tags.end(), "cuda") != tags.end();
+  return std::find(tags.begin(), tags.end(), tag) != tags.end();
+}
+
+bool all_have_tag(const std::vector<Catch::TestCase>& tests, const std::string& tag) {
+  return !tests.empty() && std::all_of(tests.begin(), tests.end(),
+                                       [&](const Catch::TestCase& t) { return has_tag(t, tag); });
 }
 
 }  // namespace
@@ -22,12 +30,15 @@ int main(int argc, char* argv[]) {
   if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
 
   const auto& config = session.config();
-  if (!config.listTestNamesOnly() && !config.listTests() && !config.listTags() &&
-      !amp_test::cuda_usable()) {
+  if (!config.listTestNamesOnly() && !config.listTests() && !config.listTags()) {
     const auto selected =
         Catch::filterTests(Catch::getAllTestCasesSorted(config), config.testSpec(), config);
-    if (!selected.empty() && std::all_of(selected.begin(), selected.end(), needs_cuda)) {
+    if (!amp_test::cuda_usable() && all_have_tag(selected, "cuda")) {
       std::cout << "skipped: the selected tests need a CUDA GPU and none is usable here\n";
+      return amp_test::kSkipReturnCode;
+    }
+    if (amp_test::cuda_present() && all_have_tag(selected, "no-gpu")) {
+      std::cout << "skipped: the selected tests check behaviour without a GPU, and one is here\n";
       return amp_test::kSkipReturnCode;
     }
   }
