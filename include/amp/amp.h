@@ -8,3 +8,4 @@
 #include <amp/autocast_policy.h>
 #include <amp/custom_function.h>
 #include <amp/grad_scaler.h>
+#include <amp/ops.h>

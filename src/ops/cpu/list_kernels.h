@@ -1,0 +1,60 @@
+// CPU multi-tensor kernels: prototypes of the per-instruction-set builds and the job they run.
+#pragma once
+
+#include <cstdint>
+
+namespace amp::detail::cpu {
+
+/// Element types the list kernels handle (computed in float32, float64 for kDouble).
+enum class ElemType : uint8_t { kFloat, kHalf, kBFloat16, kDouble };
+
+/// One dense tensor seen as a flat array (memory order: the op is elementwise).
+struct FlatTensor {
+  void* data;
+  int64_t numel;
+  ElemType type;
+  /// Position in the caller's list (for attribution and per-tensor norms).
+  int64_t index;
+};
+
+/// What the kernel does to every element.
+enum class ListMode : uint8_t {
+  kCheck,       // non-finite check only (inv_scale == 1: values left untouched)
+  kCheckScale,  // non-finite check, then multiply by factor and store
+  kCheckNorm,   // non-finite check and sum of squares of value * factor, no store
+  kScale,       // multiply by factor and store (the clip pass)
+};
+
+/// A job over a list of flat tensors, split into balanced element ranges across threads.
+struct ListJob {
+  const FlatTensor* tensors;
+  int64_t count;
+  ListMode mode;
+  float factor;
+  /// Set to 1.0 when a non-finite value is seen (plain store); used by the check modes.
+  float* found_inf;
+  /// Optional (may be null): per caller index, set to 1.0 for tensors with non-finite values.
+  float* per_tensor_found;
+  /// kCheckNorm: per caller index, sums of squares (zeroed by the caller), may be null.
+  double* per_tensor_sumsq;
+  /// kCheckNorm: the total sum of squares (written).
+  double* total_sumsq;
+};
+
+/// Runs a job over all threads with the widest instruction set this CPU supports.
+void run_list_job(const ListJob& job);
+
+/// What one element range of one tensor contained.
+struct RangeResult {
+  bool non_finite = false;
+  double sumsq = 0.0;
+};
+
+/// Processes elements [begin, end) of one tensor in `mode`; built once for baseline x86-64 and
+/// once for AVX2+FMA+F16C (list_kernels_avx2.cpp), chosen at run time.
+RangeResult process_range_default(const FlatTensor& tensor, int64_t begin, int64_t end,
+                                  ListMode mode, float factor);
+RangeResult process_range_avx2(const FlatTensor& tensor, int64_t begin, int64_t end, ListMode mode,
+                               float factor);
+
+}  // namespace amp::detail::cpu

@@ -1,0 +1,104 @@
+// Input checks shared by amp's ops (see validate.h).
+#include "ops/validate.h"
+
+#include <c10/util/Exception.h>
+
+namespace amp::detail {
+
+void check_scalar_tensor(const char* op, const char* name, const at::Tensor& tensor,
+                         c10::ScalarType dtype, c10::Device device) {
+  TORCH_CHECK(tensor.defined(), op, ": ", name, " is an undefined tensor; pass a 1-element ",
+              c10::toString(dtype), " tensor.");
+  TORCH_CHECK(tensor.scalar_type() == dtype, op, ": ", name, " must be a ", c10::toString(dtype),
+              " tensor, but got dtype ", tensor.scalar_type(), "; create it with dtype ",
+              c10::toString(dtype), ".");
+  TORCH_CHECK(tensor.numel() == 1, op, ": ", name, " must be a 1-element tensor, but got ",
+              tensor.numel(), " elements.");
+  TORCH_CHECK(tensor.device() == device, op, ": ", name, " is on ", tensor.device(),
+              " but must be on ", device, " (the device of the other arguments); move it there.");
+}
+
+void check_grads(const char* op, at::TensorList grads, c10::Device device) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor& g = grads[i];
+    TORCH_CHECK(g.defined(), op, ": grads[", i,
+                "] is an undefined tensor; leave it out of the list.");
+    TORCH_CHECK(g.layout() == c10::kStrided, op, ": grads[", i, "] has layout ", g.layout(),
+                " but must be strided (dense); unscale a sparse tensor's values() instead.");
+    const auto dtype = g.scalar_type();
+    TORCH_CHECK(
+        dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kDouble,
+        op, ": grads[", i, "] has dtype ", dtype, " but must be Float, Half, BFloat16 or Double.");
+    TORCH_CHECK(g.device() == device, op, ": grads[", i, "] is on ", g.device(),
+                " but found_inf and inv_scale are on ", device,
+                "; all grads must be on one device with them (group grads by device).");
+  }
+}
+
+void check_per_tensor_output(const char* op, const char* name, const at::Tensor& out, int64_t count,
+                             c10::Device device) {
+  TORCH_CHECK(out.scalar_type() == at::kFloat, op, ": ", name,
+              " must be a float32 tensor, but got dtype ", out.scalar_type(), ".");
+  TORCH_CHECK(out.numel() == count, op, ": ", name, " must have one element per grad (", count,
+              "), but has ", out.numel(), ".");
+  TORCH_CHECK(out.is_contiguous(), op, ": ", name, " must be contiguous; pass a fresh tensor.");
+  TORCH_CHECK(out.device() == device, op, ": ", name, " is on ", out.device(),
+              " but must be on the grads' device ", device, ".");
+}
+
+void check_unscale_args(const char* op, at::TensorList grads, const at::Tensor& found_inf,
+                        const at::Tensor& inv_scale, const at::Tensor* per_tensor) {
+  TORCH_CHECK(found_inf.defined(), op,
+              ": found_inf is an undefined tensor; pass a 1-element "
+              "float32 tensor holding 0.");
+  const c10::Device device = found_inf.device();
+  check_scalar_tensor(op, "found_inf", found_inf, at::kFloat, device);
+  check_scalar_tensor(op, "inv_scale", inv_scale, at::kFloat, device);
+  check_grads(op, grads, device);
+  if (per_tensor) {
+    check_per_tensor_output(op, "per_tensor_found_inf", *per_tensor,
+                            static_cast<int64_t>(grads.size()), device);
+  }
+}
+
+void check_update_args(const char* op, const at::Tensor& scale, const at::Tensor& growth_tracker,
+                       const at::Tensor& found_inf, int64_t growth_interval,
+                       const at::Tensor* hysteresis_remaining, const at::Tensor* counters) {
+  TORCH_CHECK(scale.defined(), op,
+              ": scale is an undefined tensor; pass a 1-element float32 "
+              "tensor.");
+  const c10::Device device = scale.device();
+  check_scalar_tensor(op, "scale", scale, at::kFloat, device);
+  check_scalar_tensor(op, "growth_tracker", growth_tracker, at::kInt, device);
+  check_scalar_tensor(op, "found_inf", found_inf, at::kFloat, device);
+  TORCH_CHECK(growth_interval >= 1, op, ": growth_interval must be >= 1, but got ", growth_interval,
+              ".");
+  if (hysteresis_remaining) {
+    check_scalar_tensor(op, "hysteresis_remaining", *hysteresis_remaining, at::kInt, device);
+  }
+  if (counters) {
+    TORCH_CHECK(
+        counters->scalar_type() == at::kLong && counters->numel() == 3 && counters->is_contiguous(),
+        op,
+        ": counters must be a contiguous int64 tensor of 3 elements [taken, skipped, "
+        "consecutive skips], but got dtype ",
+        counters->scalar_type(), " with ", counters->numel(), " elements.");
+    TORCH_CHECK(counters->device() == device, op, ": counters is on ", counters->device(),
+                " but must be on ", device, " with scale; move it there.");
+  }
+}
+
+void check_clip_args(const char* op, at::TensorList grads, const at::Tensor& inv_scale,
+                     const at::Tensor& total_norm, double max_norm, double eps) {
+  TORCH_CHECK(inv_scale.defined(), op,
+              ": inv_scale is an undefined tensor; pass a 1-element "
+              "float32 tensor.");
+  const c10::Device device = inv_scale.device();
+  check_scalar_tensor(op, "inv_scale", inv_scale, at::kFloat, device);
+  check_scalar_tensor(op, "total_norm", total_norm, at::kFloat, device);
+  check_grads(op, grads, device);
+  TORCH_CHECK(max_norm > 0, op, ": max_norm must be > 0, but got ", max_norm, ".");
+  TORCH_CHECK(eps >= 0, op, ": eps must be >= 0, but got ", eps, ".");
+}
+
+}  // namespace amp::detail

@@ -1,0 +1,426 @@
+// Tests of amp's fused ops on the CPU: bitwise against ATen's AMP ops, fp64 references for the
+// norms, the scaler seam's extended update, validation messages, and the launch planner.
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <amp/ops.h>
+
+#include "ops/launch_plan.h"
+#include "scaler/scaler_ops.h"
+#include "support/devices.h"
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+torch::Tensor raw_bits(const torch::Tensor& t) {
+  const auto c = t.contiguous();
+  switch (c.scalar_type()) {
+    case torch::kDouble:
+      return c.view(torch::kLong);
+    case torch::kFloat:
+      return c.view(torch::kInt);
+    default:
+      return c.view(torch::kShort);
+  }
+}
+
+/// Bit-for-bit equality; NaNs compare by position only (their payload depends on whether ATen took
+/// its vector or its scalar path, see the report).
+bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const auto nan_a = torch::isnan(a), nan_b = torch::isnan(b);
+  if (!torch::equal(nan_a, nan_b)) return false;
+  const auto keep = nan_a.logical_not().flatten();
+  return torch::equal(raw_bits(a).flatten().index({keep}), raw_bits(b).flatten().index({keep}));
+}
+
+torch::Tensor scaled_randn(int64_t n, torch::ScalarType dtype, double scale = 4096.0) {
+  return (torch::randn({n}, torch::kDouble) * scale).to(dtype);
+}
+
+torch::Tensor zero_flag(torch::Device device = torch::kCPU) {
+  return torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+}
+
+torch::Tensor scalar(float v, torch::Device device = torch::kCPU) {
+  return torch::full({1}, v, torch::TensorOptions().dtype(torch::kFloat).device(device));
+}
+
+/// Runs amp's op on a clone of `grads` (one call) and ATen's op per tensor (its one-dtype
+/// calls), and checks results and found_inf agree.
+void check_against_aten(const std::vector<torch::Tensor>& grads, float inv,
+                        float found_on_entry = 0.0f) {
+  std::vector<torch::Tensor> mine, ref;
+  for (const auto& g : grads) {
+    mine.push_back(g.clone());
+    ref.push_back(g.clone());
+  }
+  // clone() keeps strides of dense tensors only; rebuild the views the caller made.
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].is_non_overlapping_and_dense()) {
+      mine[i] = torch::empty_like(grads[i].unsqueeze(-1).expand({-1, -1, 2})).select(-1, 0);
+      mine[i].copy_(grads[i]);
+    }
+  }
+  auto found_mine = scalar(found_on_entry), found_ref = scalar(found_on_entry);
+  amp::non_finite_check_and_unscale_(mine, found_mine, scalar(inv));
+  for (auto& g : ref) at::_amp_foreach_non_finite_check_and_unscale_({g}, found_ref, scalar(inv));
+  for (size_t i = 0; i < grads.size(); ++i) {
+    INFO("tensor " << i << " dtype " << grads[i].scalar_type() << " numel " << grads[i].numel());
+    CHECK(same_bits(mine[i], ref[i]));
+  }
+  CHECK(found_mine.item<float>() == found_ref.item<float>());
+}
+
+// The CPU kernel's thread split and vector widths put boundaries at these sizes.
+const std::vector<int64_t> kSizes = {0,     1,     7,     15,    16,    17,    33,
+                                     32767, 32768, 32769, 65535, 65536, 65537, (1 << 20) + 3};
+
+}  // namespace
+
+TEST_CASE("Unscaling matches ATen bit for bit for every dtype and size", "[ops]") {
+  torch::manual_seed(1);
+  const auto dtype = GENERATE(torch::kFloat, torch::kHalf, torch::kBFloat16, torch::kDouble);
+  const float inv = GENERATE(1.0f / 65536.0f, 0.3f, 1.0f);
+  for (int64_t n : kSizes) {
+    INFO("numel " << n);
+    check_against_aten({scaled_randn(n, dtype)}, inv);
+  }
+}
+
+TEST_CASE("One call unscales a mixed-dtype list with views like ATen's per-dtype calls", "[ops]") {
+  torch::manual_seed(2);
+  std::vector<torch::Tensor> grads = {
+      scaled_randn(1001, torch::kFloat),
+      scaled_randn(4099, torch::kHalf).narrow(0, 1, 4097),  // unaligned view
+      scaled_randn(70001, torch::kBFloat16),
+      scaled_randn(333, torch::kDouble),
+      scaled_randn(0, torch::kFloat),
+      torch::randn({300, 200}).t(),                           // transposed, dense
+      torch::randn({64, 50}, torch::kHalf).narrow(1, 3, 40),  // not dense
+      torch::randn({90, 90}, torch::kDouble).t().narrow(0, 1, 80),
+  };
+  check_against_aten(grads, 1.0f / 1024.0f);
+  check_against_aten(grads, 1.0f);
+}
+
+TEST_CASE("Non-finite values anywhere set found_inf and the rest is still unscaled", "[ops]") {
+  torch::manual_seed(3);
+  const float bad = std::vector<float>{kNaN, kInf, -kInf}.at(GENERATE(0, 1, 2));
+  const auto dtype = GENERATE(torch::kFloat, torch::kHalf, torch::kBFloat16, torch::kDouble);
+  const int64_t n = 65537;
+  for (int64_t pos :
+       {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{32767}, int64_t{32768}, n / 2, n - 2, n - 1}) {
+    INFO("position " << pos << " value " << bad);
+    auto g = scaled_randn(n, dtype);
+    g[pos] = bad;
+    check_against_aten({scaled_randn(100, torch::kFloat), g}, 0.125f);
+    auto found = zero_flag();
+    amp::non_finite_check_and_unscale_({g}, found, scalar(0.125f));
+    CHECK(found.item<float>() == 1.0f);
+  }
+}
+
+TEST_CASE("found_inf is a plain store: already 1 on entry it stays 1, never reset", "[ops]") {
+  auto g = scaled_randn(1000, torch::kFloat);
+  check_against_aten({g}, 0.5f, 1.0f);
+  auto found = scalar(1.0f);
+  amp::non_finite_check_and_unscale_({g}, found, scalar(0.5f));
+  CHECK(found.item<float>() == 1.0f);
+}
+
+TEST_CASE("inv_scale 1.0 leaves every bit untouched, NaN payloads included", "[ops]") {
+  auto g = scaled_randn(5000, torch::kHalf);
+  g.view(torch::kShort)[17] = static_cast<int16_t>(0x7d01);  // a signalling NaN
+  const auto before = g.clone();
+  auto found = zero_flag();
+  amp::non_finite_check_and_unscale_({g}, found, scalar(1.0f));
+  CHECK(torch::equal(raw_bits(g), raw_bits(before)));
+  CHECK(found.item<float>() == 1.0f);
+}
+
+TEST_CASE("Overflow attribution names the tensors that held non-finite values", "[ops]") {
+  std::vector<torch::Tensor> grads;
+  for (int i = 0; i < 6; ++i) grads.push_back(scaled_randn(40000 + i, torch::kFloat));
+  grads[1][39999] = kNaN;
+  grads[4][0] = -kInf;
+  auto flags = torch::zeros({6});
+  auto found = zero_flag();
+  amp::non_finite_check_and_unscale_(grads, found, scalar(0.5f), flags);
+  CHECK(found.item<float>() == 1.0f);
+  CHECK(torch::equal(flags, torch::tensor({0.f, 1.f, 0.f, 0.f, 1.f, 0.f})));
+}
+
+TEST_CASE("Empty lists and empty tensors are accepted", "[ops]") {
+  auto found = zero_flag();
+  amp::non_finite_check_and_unscale_({}, found, scalar(0.5f));
+  amp::non_finite_check_and_unscale_({torch::empty({0, 3})}, found, scalar(0.5f));
+  auto [total, per] = amp::unscale_norm({torch::empty({0})}, found, scalar(0.5f), true);
+  CHECK(total.item<float>() == 0.0f);
+  CHECK(per.numel() == 1);
+  CHECK(found.item<float>() == 0.0f);
+}
+
+TEST_CASE("Invalid arguments are refused with a sentence naming them", "[ops]") {
+  auto found = zero_flag();
+  const auto g = torch::ones({4});
+  CHECK_THROWS_WITH(
+      amp::non_finite_check_and_unscale_({g}, found, torch::ones({1}, torch::kDouble)),
+      Catch::Contains("inv_scale must be a Float tensor, but got dtype Double"));
+  auto two = torch::zeros({2});
+  CHECK_THROWS_WITH(amp::non_finite_check_and_unscale_({g}, two, scalar(1.0f)),
+                    Catch::Contains("found_inf must be a 1-element tensor, but got 2 elements"));
+  CHECK_THROWS_WITH(
+      amp::non_finite_check_and_unscale_({g, torch::ones({2}, torch::kInt)}, found, scalar(1.0f)),
+      Catch::Contains("grads[1] has dtype Int"));
+  CHECK_THROWS_WITH(
+      amp::non_finite_check_and_unscale_({g.to_sparse()}, found, scalar(1.0f)),
+      Catch::Contains("Could not run 'amp::non_finite_check_and_unscale_' with arguments from the "
+                      "'SparseCPU' backend"));
+  CHECK_THROWS_WITH(
+      amp::non_finite_check_and_unscale_({g}, found, scalar(1.0f), torch::zeros({3})),
+      Catch::Contains("per_tensor_found_inf must have one element per grad (1), but has 3"));
+  auto s = scalar(1.0f);
+  auto t = torch::zeros({1}, torch::kLong);
+  CHECK_THROWS_WITH(amp::update_scale_(s, t, found, 2.0, 0.5, 10),
+                    Catch::Contains("growth_tracker must be a Int tensor, but got dtype Long"));
+  auto total = scalar(1.0f);
+  CHECK_THROWS_WITH(amp::clip_unscaled_({g}, scalar(1.0f), total, -1.0),
+                    Catch::Contains("max_norm must be > 0, but got -1"));
+}
+
+TEST_CASE("The scale update matches ATen's over random trajectories", "[ops]") {
+  torch::manual_seed(4);
+  const double growth = GENERATE(2.0, 1.5, 1.0000001);
+  const double backoff = GENERATE(0.5, 0.25, 0.3333);
+  const int64_t interval = GENERATE(1, 2, 3);
+  auto s1 = scalar(3.0e37f), s2 = s1.clone();
+  auto t1 = torch::zeros({1}, torch::kInt), t2 = t1.clone();
+  for (int step = 0; step < 60; ++step) {
+    const auto found = scalar(torch::rand({1}).item<float>() < 0.2f ? 1.0f : 0.0f);
+    amp::update_scale_(s1, t1, found, growth, backoff, interval);
+    at::_amp_update_scale_(s2, t2, found, growth, backoff, interval);
+    REQUIRE(same_bits(s1, s2));
+    REQUIRE(torch::equal(t1, t2));
+  }
+}
+
+TEST_CASE("The extended update matches the scaler seam's tensor-op version", "[ops]") {
+  torch::manual_seed(5);
+  amp::ScaleUpdateOptions o;
+  o.growth_factor = 2.0;
+  o.backoff_factor = 0.5;
+  o.growth_interval = GENERATE(1, 3);
+  o.hysteresis = GENERATE(1, 2, 4);
+  o.consecutive_hysteresis = GENERATE(false, true);
+  o.min_scale = GENERATE(0.0, 3.0);
+  o.max_scale = GENERATE(std::numeric_limits<double>::infinity(), 300.0);
+  const amp::detail::ExtendedUpdate seam{
+      o.growth_factor,          o.backoff_factor, o.growth_interval, o.hysteresis,
+      o.consecutive_hysteresis, o.min_scale,      o.max_scale};
+  // 0-dim state, as GradScaler keeps it.
+  auto s1 = torch::full({}, 64.0f), s2 = s1.clone();
+  auto t1 = torch::zeros({}, torch::kInt), t2 = t1.clone();
+  auto h1 = torch::full({}, static_cast<int>(o.hysteresis), torch::kInt), h2 = h1.clone();
+  auto c1 = torch::zeros({3}, torch::kLong), c2 = c1.clone();
+  for (int step = 0; step < 80; ++step) {
+    const auto found = torch::full({}, torch::rand({1}).item<float>() < 0.4f ? 1.0f : 0.0f);
+    amp::update_scale_extended_(s1, t1, h1, c1, found, o);
+    amp::detail::update_scale_extended_(s2, t2, h2, c2, found, seam);
+    INFO("step " << step);
+    REQUIRE(same_bits(s1, s2));
+    REQUIRE(torch::equal(t1, t2));
+    REQUIRE(torch::equal(h1, h2));
+    REQUIRE(torch::equal(c1, c2));
+  }
+}
+
+TEST_CASE("With hysteresis 1 and no bounds the extended update equals ATen's", "[ops]") {
+  auto s1 = scalar(1.0e38f), s2 = s1.clone();
+  auto t1 = torch::zeros({1}, torch::kInt), t2 = t1.clone();
+  auto h = torch::ones({1}, torch::kInt);
+  torch::Tensor no_counters;
+  amp::ScaleUpdateOptions o;
+  o.growth_interval = 2;
+  for (float f : {0.f, 0.f, 0.f, 1.f, 0.f, 0.f, kNaN, 0.f}) {
+    amp::update_scale_extended_(s1, t1, h, no_counters, scalar(f), o);
+    at::_amp_update_scale_(s2, t2, scalar(f), 2.0, 0.5, 2);
+    REQUIRE(same_bits(s1, s2));
+    REQUIRE(torch::equal(t1, t2));
+  }
+}
+
+TEST_CASE("unscale_norm gives the fp64 norm of the unscaled grads without writing them", "[ops]") {
+  torch::manual_seed(6);
+  std::vector<torch::Tensor> grads = {scaled_randn(65537, torch::kFloat),
+                                      scaled_randn(1001, torch::kHalf),
+                                      scaled_randn(33000, torch::kBFloat16),
+                                      scaled_randn(17, torch::kDouble),
+                                      torch::randn({50, 40}).t(),
+                                      torch::randn({30, 30}).narrow(1, 1, 20)};
+  std::vector<torch::Tensor> before;
+  for (auto& g : grads) before.push_back(g.clone());
+  auto found = zero_flag();
+  auto [total, per] = amp::unscale_norm(grads, found, scalar(0.25f), true);
+  std::vector<torch::Tensor> ref_per;
+  for (auto& g : grads) ref_per.push_back((g.to(torch::kDouble) * 0.25).norm());
+  const auto ref = torch::stack(ref_per);
+  CHECK(total.dim() == 0);
+  CHECK(total.scalar_type() == torch::kFloat);
+  CHECK(total.item<double>() == Approx(ref.norm().item<double>()).epsilon(1e-6));
+  CHECK(torch::allclose(per.to(torch::kDouble), ref, 1e-6));
+  CHECK(found.item<float>() == 0.0f);
+  for (size_t i = 0; i < grads.size(); ++i)
+    CHECK(torch::equal(raw_bits(grads[i]), raw_bits(before[i])));
+}
+
+TEST_CASE("unscale_norm has no false overflow when a float32 sum of squares would overflow",
+          "[ops]") {
+  auto g = torch::full({100000}, 1.0e30f);  // finite; squares sum to 1e65 > FLT_MAX
+  auto found = zero_flag();
+  auto [total, per] = amp::unscale_norm({g}, found, scalar(1.0f), false);
+  CHECK(found.item<float>() == 0.0f);
+  CHECK(total.item<double>() == Approx(1.0e30 * std::sqrt(100000.0)).epsilon(1e-6));
+  g[99999] = kInf;
+  auto [total_inf, unused] = amp::unscale_norm({g}, found, scalar(1.0f), false);
+  CHECK(found.item<float>() == 1.0f);
+  CHECK(std::isinf(total_inf.item<float>()));
+}
+
+TEST_CASE("Unscale and clip match unscale_ followed by clip_grad_norm_", "[ops]") {
+  torch::manual_seed(7);
+  const double max_norm = GENERATE(0.5, 1.0e9);
+  std::vector<torch::Tensor> grads = {scaled_randn(70000, torch::kFloat),
+                                      scaled_randn(999, torch::kFloat),
+                                      torch::randn({40, 60}).t() * 4096};
+  std::vector<torch::Tensor> params;
+  for (auto& g : grads) {
+    auto p = torch::zeros_like(g, torch::MemoryFormat::Preserve).requires_grad_(true);
+    p.mutable_grad() = g.clone();
+    params.push_back(p);
+  }
+  auto found = zero_flag();
+  std::vector<torch::Tensor> mine;
+  for (auto& g : grads) mine.push_back(g.clone());
+  const auto total = amp::unscale_and_clip_(mine, found, scalar(1.0f / 4096.0f), max_norm);
+
+  std::vector<torch::Tensor> ref_grads;
+  for (auto& p : params) ref_grads.push_back(p.grad());
+  auto found_ref = zero_flag();
+  at::_amp_foreach_non_finite_check_and_unscale_(ref_grads, found_ref, scalar(1.0f / 4096.0f));
+  const double ref_total = torch::nn::utils::clip_grad_norm_(params, max_norm);
+  CHECK(total.item<double>() == Approx(ref_total).epsilon(1e-5));
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (max_norm > 1.0e6) {
+      CHECK(same_bits(mine[i], params[i].grad()));  // clip coefficient 1: plain unscale
+    } else {
+      CHECK(torch::allclose(mine[i], params[i].grad(), 1e-5, 1e-7));
+    }
+  }
+}
+
+TEST_CASE("The launch planner covers every element once within its limits", "[ops][plan]") {
+  const amp::detail::LaunchLimits limits{64, 5, 7};
+  const std::vector<int64_t> sizes = {0, 1, 63, 64, 65, 0, 640, 3, 129, 1000, 1, 1, 1, 1, 1, 1};
+  const auto launches = amp::detail::plan_launches(sizes, limits);
+  std::vector<std::vector<int>> covered(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) covered[i].assign(sizes[i], 0);
+  for (const auto& launch : launches) {
+    REQUIRE(!launch.blocks.empty());
+    REQUIRE(static_cast<int64_t>(launch.tensors.size()) <= limits.max_tensors);
+    REQUIRE(static_cast<int64_t>(launch.blocks.size()) <= limits.max_blocks);
+    for (const auto& block : launch.blocks) {
+      REQUIRE(block.slot < static_cast<int32_t>(launch.tensors.size()));
+      const int64_t t = launch.tensors[block.slot];
+      const int64_t begin = block.chunk * limits.chunk_elems;
+      REQUIRE(begin < sizes[t]);
+      for (int64_t e = begin; e < std::min(sizes[t], begin + limits.chunk_elems); ++e) {
+        covered[t][e] += 1;
+      }
+    }
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    for (int c : covered[i]) REQUIRE(c == 1);
+  }
+  // Packing is tight: a launch is cut only when one of its limits is reached.
+  for (size_t l = 0; l + 1 < launches.size(); ++l) {
+    CHECK((static_cast<int64_t>(launches[l].blocks.size()) == limits.max_blocks ||
+           static_cast<int64_t>(launches[l].tensors.size()) == limits.max_tensors));
+  }
+}
+
+TEST_CASE("The launch planner handles tensors beyond 2^31 elements", "[ops][plan]") {
+  const int64_t big = (int64_t{1} << 33) + 5;
+  const amp::detail::LaunchLimits limits{65536, 256, 3072};
+  const auto launches = amp::detail::plan_launches(std::vector<int64_t>{big, 10}, limits);
+  int64_t blocks = 0, last_chunk = -1;
+  for (const auto& launch : launches) {
+    for (const auto& block : launch.blocks) {
+      if (launch.tensors[block.slot] == 0) {
+        REQUIRE(block.chunk == last_chunk + 1);
+        last_chunk = block.chunk;
+      }
+      ++blocks;
+    }
+  }
+  CHECK(last_chunk * limits.chunk_elems < big);
+  CHECK((last_chunk + 1) * limits.chunk_elems >= big);
+  CHECK(blocks == last_chunk + 2);
+  CHECK_THROWS_WITH(amp::detail::plan_launches(std::vector<int64_t>{1}, {60, 1, 1}),
+                    Catch::Contains("chunk_elems must be a positive multiple of 8, but got 60"));
+}
+
+TEST_CASE("CUDA ops match ATen's CUDA ops on a mixed-dtype list", "[ops][cuda]") {
+  if (!amp_test::cuda_usable()) return;
+  torch::manual_seed(8);
+  const torch::Device cuda(torch::kCUDA);
+  std::vector<torch::Tensor> grads = {
+      scaled_randn(1 << 20, torch::kFloat).to(cuda),
+      scaled_randn(65537, torch::kHalf).to(cuda).narrow(0, 1, 65535),
+      scaled_randn(300001, torch::kBFloat16).to(cuda),
+      scaled_randn(1001, torch::kDouble).to(cuda),
+      torch::randn({300, 200}, cuda).t(),
+      torch::randn({64, 50}, torch::TensorOptions().dtype(torch::kHalf).device(cuda))
+          .narrow(1, 3, 40)};
+  for (int i = 0; i < 2000; ++i) grads.push_back(scaled_randn(i % 97, torch::kFloat).to(cuda));
+  grads[2][300000] = kNaN;
+  for (float inv : {1.0f / 65536.0f, 1.0f}) {
+    std::vector<torch::Tensor> mine, cpu_ref;
+    for (auto& g : grads) {
+      mine.push_back(g.clone());
+      cpu_ref.push_back(g.cpu());
+    }
+    auto found = zero_flag(cuda), found_ref = zero_flag();
+    auto flags = torch::zeros({static_cast<int64_t>(grads.size())}, cuda);
+    amp::non_finite_check_and_unscale_(mine, found, scalar(inv, cuda), flags);
+    for (auto& g : cpu_ref)
+      at::_amp_foreach_non_finite_check_and_unscale_({g}, found_ref, scalar(inv));
+    for (size_t i = 0; i < grads.size(); ++i) CHECK(same_bits(mine[i].cpu(), cpu_ref[i]));
+    CHECK(found.item<float>() == 1.0f);
+    CHECK(flags.nonzero().flatten().cpu().equal(torch::tensor({int64_t{2}})));
+  }
+  grads[2][300000] = 0.0f;
+  auto found = zero_flag(cuda);
+  auto [total, per] = amp::unscale_norm(grads, found, scalar(0.5f, cuda), true);
+  auto found_cpu = zero_flag();
+  std::vector<torch::Tensor> cpu_grads;
+  for (auto& g : grads) cpu_grads.push_back(g.cpu());
+  auto [total_cpu, per_cpu] = amp::unscale_norm(cpu_grads, found_cpu, scalar(0.5f), true);
+  CHECK(total.item<double>() == Approx(total_cpu.item<double>()).epsilon(1e-6));
+  CHECK(torch::allclose(per.cpu(), per_cpu, 1e-5));
+  auto s1 = scalar(65536.0f, cuda), s2 = scalar(65536.0f, cuda);
+  auto t1 = torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt).device(cuda)),
+       t2 = t1.clone();
+  for (float f : {0.f, 1.f, 0.f, 0.f, 0.f}) {
+    amp::update_scale_(s1, t1, scalar(f, cuda), 2.0, 0.5, 2);
+    at::_amp_update_scale_(s2, t2, scalar(f, cuda), 2.0, 0.5, 2);
+    CHECK(same_bits(s1.cpu(), s2.cpu()));
+    CHECK(torch::equal(t1.cpu(), t2.cpu()));
+  }
+}
