@@ -120,6 +120,19 @@ class AMP_EXPORT GradScaler {
   /// scale(), or when a gradient is float16 ("Attempting to unscale FP16 gradients.").
   void unscale_(torch::optim::Optimizer& optimizer);
 
+  /// unscale_ and gradient clipping in two reads and one write of the gradients: computes the
+  /// L2 norm of the unscaled gradients of `optimizer`'s parameters (with the inf/NaN check), then
+  /// writes each gradient once as grad / scale * min(max_norm / (norm + eps), 1). The same as
+  /// `unscale_(optimizer)` followed by `torch::nn::utils::clip_grad_norm_(params, max_norm)`
+  /// over the optimizer's parameters, to float32 rounding (the two multiplies are fused), in
+  /// two passes instead of five. No host sync. When disabled it only clips.
+  /// Args: max_norm: the largest norm to allow (finite, > 0); eps: added to the norm (>= 0).
+  /// Returns: the total norm before clipping (0-dim float32 on the scale's device; inf/NaN when
+  ///   a gradient overflowed, in which case step() will skip).
+  /// Errors: those of unscale_, plus sparse gradients and invalid max_norm / eps.
+  at::Tensor unscale_and_clip_(torch::optim::Optimizer& optimizer, double max_norm,
+                               double eps = 1e-6);
+
   /// Unscales (unless unscale_ was called) and calls optimizer.step() only when no gradient was
   /// inf/NaN. Returns whether the step was taken and the optimizer's return value. A closure is
   /// refused when enabled (as in Python); when disabled it is passed to optimizer.step().
@@ -211,6 +224,10 @@ class AMP_EXPORT GradScaler {
 
   void lazy_init(const c10::Device& device);
   void check_initialized(const char* funcname) const;
+  // The defined gradients of `optimizer` grouped by device; sparse ones are refused when
+  // dense_only_caller names the calling method.
+  std::vector<std::pair<c10::Device, std::vector<at::Tensor>>> gradients_by_device(
+      torch::optim::Optimizer& optimizer, bool allow_fp16, const char* dense_only_caller);
   std::vector<std::pair<c10::Device, at::Tensor>> unscale_grads(torch::optim::Optimizer& optimizer,
                                                                 const at::Tensor& inv_scale,
                                                                 const at::Tensor& found_inf,

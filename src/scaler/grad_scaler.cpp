@@ -117,17 +117,11 @@ std::vector<at::Tensor> GradScaler::scale(const std::vector<at::Tensor>& outputs
   return scaled;
 }
 
-std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::unscale_grads(
-    torch::optim::Optimizer& optimizer, const at::Tensor& inv_scale, const at::Tensor& found_inf,
-    bool allow_fp16) {
-  PerDeviceCopies per_device_inv_scale(inv_scale);
-  PerDeviceCopies per_device_found_inf(found_inf);
-
-  // Grouped by device, then dtype, in first-seen order (as Python's nested defaultdicts), so
-  // each group is one call of the fused check-and-unscale.
-  using DtypeGroups = std::vector<std::pair<at::ScalarType, std::vector<at::Tensor>>>;
-  std::vector<std::pair<c10::Device, DtypeGroups>> groups;
-
+std::vector<std::pair<c10::Device, std::vector<at::Tensor>>> GradScaler::gradients_by_device(
+    torch::optim::Optimizer& optimizer, bool allow_fp16, const char* dense_only_caller) {
+  // Grouped by device in first-seen order, so each device's gradients, whatever their dtypes,
+  // go through one call of the fused op (which takes mixed dtypes).
+  std::vector<std::pair<c10::Device, std::vector<at::Tensor>>> groups;
   at::NoGradGuard no_grad;
   for (auto& group : optimizer.param_groups()) {
     for (auto& param : group.params()) {
@@ -135,37 +129,89 @@ std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::unscale_grads(
       if (!allow_fp16 && param.grad().scalar_type() == at::kHalf) {
         TORCH_CHECK_VALUE(false, "Attempting to unscale FP16 gradients.");
       }
-      at::Tensor to_unscale;
+      at::Tensor grad;
       if (param.grad().is_sparse()) {
+        TORCH_CHECK(dense_only_caller == nullptr, "GradScaler::", dense_only_caller,
+                    " does not support sparse gradients; use unscale_(optimizer) followed by "
+                    "torch::nn::utils::clip_grad_norm_ for a model with sparse gradients.");
         // Duplicate indices of scaled fp16 values may overflow only once summed, so the check
         // has to see the coalesced values.
         if (param.grad().scalar_type() == at::kHalf) param.mutable_grad() = param.grad().coalesce();
-        to_unscale = param.grad()._values();
+        grad = param.grad()._values();
       } else {
-        to_unscale = param.grad();
+        grad = param.grad();
       }
-      const c10::Device device = to_unscale.device();
-      auto by_device = std::find_if(groups.begin(), groups.end(),
-                                    [&](const auto& entry) { return entry.first == device; });
-      if (by_device == groups.end()) by_device = groups.insert(groups.end(), {device, {}});
-      auto& dtypes = by_device->second;
-      auto by_dtype = std::find_if(dtypes.begin(), dtypes.end(), [&](const auto& entry) {
-        return entry.first == to_unscale.scalar_type();
-      });
-      if (by_dtype == dtypes.end()) {
-        by_dtype = dtypes.insert(dtypes.end(), {to_unscale.scalar_type(), {}});
-      }
-      by_dtype->second.push_back(std::move(to_unscale));
+      const c10::Device device = grad.device();
+      auto entry = std::find_if(groups.begin(), groups.end(),
+                                [&](const auto& candidate) { return candidate.first == device; });
+      if (entry == groups.end()) entry = groups.insert(groups.end(), {device, {}});
+      entry->second.push_back(std::move(grad));
     }
   }
+  return groups;
+}
 
-  for (auto& [device, dtypes] : groups) {
+std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::unscale_grads(
+    torch::optim::Optimizer& optimizer, const at::Tensor& inv_scale, const at::Tensor& found_inf,
+    bool allow_fp16) {
+  PerDeviceCopies per_device_inv_scale(inv_scale);
+  PerDeviceCopies per_device_found_inf(found_inf);
+  for (auto& [device, grads] : gradients_by_device(optimizer, allow_fp16, nullptr)) {
     // A reference into the cache: the seam writes the flag into that very tensor.
     at::Tensor found = per_device_found_inf.get(device);
-    const at::Tensor& inv = per_device_inv_scale.get(device);
-    for (auto& [dtype, grads] : dtypes) detail::non_finite_check_and_unscale_(grads, found, inv);
+    detail::non_finite_check_and_unscale_(grads, found, per_device_inv_scale.get(device));
   }
   return per_device_found_inf.take();
+}
+
+at::Tensor GradScaler::unscale_and_clip_(torch::optim::Optimizer& optimizer, double max_norm,
+                                         double eps) {
+  TORCH_CHECK(std::isfinite(max_norm) && max_norm > 0.0,
+              "GradScaler::unscale_and_clip_: max_norm must be finite and > 0. Got max_norm=",
+              max_norm, "; pass the largest gradient norm to allow, e.g. 1.0.");
+  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0,
+              "GradScaler::unscale_and_clip_: eps must be finite and >= 0. Got eps=", eps,
+              "; the default 1e-6 matches torch::nn::utils::clip_grad_norm_.");
+  OptimizerState* state = nullptr;
+  at::Tensor inv_scale;
+  if (enabled_) {
+    check_initialized("unscale_");
+    state = &per_optimizer_states_[&optimizer];
+    TORCH_CHECK(state->stage != Stage::kUnscaled,
+                "unscale_() has already been called on this optimizer since the last update().");
+    TORCH_CHECK(state->stage != Stage::kStepped, "unscale_() is being called after step().");
+    inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+  }
+
+  auto groups = gradients_by_device(optimizer, /*allow_fp16=*/!enabled_, "unscale_and_clip_");
+  if (groups.empty()) {
+    if (state != nullptr) state->stage = Stage::kUnscaled;
+    return at::zeros({}, at::kFloat);
+  }
+  // A disabled scaler still clips (as unscale_ + clip_grad_norm_ would), with an inv_scale of 1.
+  if (!inv_scale.defined()) inv_scale = at::ones({}, at::TensorOptions(groups.front().first));
+  PerDeviceCopies per_device_inv_scale(inv_scale);
+  PerDeviceCopies per_device_found_inf(at::zeros({}, inv_scale.options()));
+
+  // First read: each device's norm of the unscaled gradients and its inf/NaN flag.
+  const c10::Device home = inv_scale.device();
+  at::Tensor total_norm;
+  for (auto& [device, grads] : groups) {
+    at::Tensor found = per_device_found_inf.get(device);
+    const at::Tensor norm =
+        detail::unscale_norm_(grads, found, per_device_inv_scale.get(device)).to(home);
+    total_norm = total_norm.defined() ? at::hypot(total_norm, norm) : norm;
+  }
+  // Second read and the only write: unscale and clip in one multiply.
+  for (auto& [device, grads] : groups) {
+    detail::clip_unscaled_(grads, per_device_inv_scale.get(device), total_norm.to(device), max_norm,
+                           eps);
+  }
+  if (state != nullptr) {
+    state->found_inf_per_device = per_device_found_inf.take();
+    state->stage = Stage::kUnscaled;
+  }
+  return total_norm;
 }
 
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
@@ -266,9 +312,9 @@ void GradScaler::update() {
   if (uses_extended_update()) {
     detail::update_scale_extended_(
         scale_, growth_tracker_, hysteresis_remaining_, counters_, found_inf_combined,
-        detail::ExtendedUpdate{growth_factor_, backoff_factor_, growth_interval_,
-                               options_.hysteresis(), options_.consecutive_hysteresis(),
-                               options_.min_scale(), options_.max_scale()});
+        ScaleUpdateOptions{growth_factor_, backoff_factor_, growth_interval_, options_.hysteresis(),
+                           options_.consecutive_hysteresis(), options_.min_scale(),
+                           options_.max_scale()});
   } else {
     detail::update_scale_(scale_, growth_tracker_, found_inf_combined, growth_factor_,
                           backoff_factor_, growth_interval_);
