@@ -17,7 +17,7 @@
 namespace amp {
 
 /// True when at::autocast knows the device type (CPU, CUDA, XPU, MPS, HPU, XLA, MTIA, MAIA,
-/// IPU, PrivateUse1), i.e. an AutocastGuard may be opened for it. Whether the device is present
+/// IPU, PrivateUse1): an AutocastGuard may be opened for it. Whether the device is present
 /// on this machine is a separate question (see AutocastGuard for CUDA without a GPU).
 AMP_EXPORT bool is_autocast_available(c10::DeviceType device);
 
@@ -33,7 +33,7 @@ struct AutocastOptions {
   /// The lower-precision dtype; unset means the device's current autocast dtype (bf16 on CPU,
   /// fp16 on CUDA unless an enclosing region chose another).
   TORCH_ARG(std::optional<c10::ScalarType>, dtype) = std::nullopt;
-  /// false opens a region with autocast off (e.g. an fp32 island inside an autocast region).
+  /// false opens a region with autocast off (for example an fp32 island inside autocast).
   TORCH_ARG(bool, enabled) = true;
   /// Whether casts of fp32 weights are cached inside the region; unset keeps the current flag.
   TORCH_ARG(std::optional<bool>, cache_enabled) = std::nullopt;
@@ -130,6 +130,7 @@ struct AutocastDeviceState {
   /// Its autocast (lower-precision) dtype.
   c10::ScalarType dtype;
 
+  /// Member-wise equality.
   bool operator==(const AutocastDeviceState&) const = default;
 };
 
@@ -141,6 +142,7 @@ struct AutocastState {
   /// The weight-cast cache flag.
   bool cache_enabled = true;
 
+  /// Member-wise equality.
   bool operator==(const AutocastState&) const = default;
 };
 

@@ -41,7 +41,7 @@ enum class AutocastPolicy {
 /// Errors: c10::Error when `device` has no autocast dispatch key.
 AMP_EXPORT torch::CppFunction autocast_kernel(c10::DeviceType device, AutocastPolicy policy);
 
-/// One-line form of the registration above, for use at run time (e.g. from main, after the
+/// One-line form of the registration above, for use at run time (say from main, after the
 /// library defining the operator is loaded): registers autocast_kernel(device, policy) for the
 /// operator `qualified_name` ("namespace::name" or "namespace::name.overload") on the autocast
 /// key of `device`. The registration lasts until the process ends; registering the same

@@ -105,7 +105,10 @@ class AMP_EXPORT GradScaler {
   /// Not copyable: a copy would share the device scale tensor with the original. Movable.
   GradScaler(const GradScaler&) = delete;
   GradScaler& operator=(const GradScaler&) = delete;
+  /// Moves the scaler, scale tensor and per-optimizer state included; `other` must not be used
+  /// afterwards.
   GradScaler(GradScaler&&) = default;
+  /// Move assignment, with the same meaning as the move constructor.
   GradScaler& operator=(GradScaler&&) = default;
 
   /// Returns `outputs * scale` (the scale moved to outputs' device); outputs unchanged when
@@ -163,12 +166,18 @@ class AMP_EXPORT GradScaler {
 
   /// Growth factor used by update(). The setter validates like the constructor (> 1).
   double get_growth_factor() const { return growth_factor_; }
+  /// Sets the growth factor used by the next update() calls (options() keeps the original).
+  /// Errors: c10::Error when `new_factor` is not > 1.
   void set_growth_factor(double new_factor);
   /// Back-off factor used by update(). The setter validates like the constructor (in (0, 1)).
   double get_backoff_factor() const { return backoff_factor_; }
+  /// Sets the back-off factor used by the next update() calls (options() keeps the original).
+  /// Errors: c10::Error when `new_factor` is not in (0, 1).
   void set_backoff_factor(double new_factor);
   /// Growth interval used by update(). The setter validates like the constructor (>= 1).
   int64_t get_growth_interval() const { return growth_interval_; }
+  /// Sets the growth interval used by the next update() calls (options() keeps the original).
+  /// Errors: c10::Error when `new_interval` is < 1.
   void set_growth_interval(int64_t new_interval);
 
   /// Whether scaling is on (false when constructed disabled or CUDA was unavailable).
@@ -254,10 +263,15 @@ class AMP_EXPORT GradScaler {
   std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_states_;
 };
 
-/// Archive operators so `torch::save(scaler, path)` / `torch::load(scaler, path)` work and a
-/// scaler can share a checkpoint archive with a model and an optimizer.
+/// Writes `scaler` into `archive` with GradScaler::save, so that `torch::save(scaler, path)`
+/// works and a scaler can share a checkpoint archive with a model and an optimizer.
+/// Returns: `archive`.
+/// Errors: those of GradScaler::save.
 AMP_EXPORT torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
                                                        const GradScaler& scaler);
+/// Reads `scaler` from `archive` with GradScaler::load, so that `torch::load(scaler, path)` works.
+/// Returns: `archive`.
+/// Errors: those of GradScaler::load.
 AMP_EXPORT torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
                                                       GradScaler& scaler);
 

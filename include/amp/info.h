@@ -7,7 +7,7 @@
 
 namespace amp {
 
-/// The version of the amp library that is loaded at run time, e.g. "0.1.0". Compare with
+/// The version of the amp library that is loaded at run time, such as "0.1.0". Compare with
 /// AMP_VERSION_STRING from <amp/version.h> to detect a header/library mismatch.
 AMP_EXPORT std::string version();
 
