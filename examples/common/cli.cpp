@@ -10,6 +10,15 @@
 #include <system_error>
 
 namespace amp_examples {
+namespace {
+
+// How an option is written in the usage text: "--name VALUE", or "--name" for a flag.
+std::string spelling(const auto& option) {
+  return option.value_name.empty() ? fmt::format("--{}", option.name)
+                                   : fmt::format("--{} {}", option.name, option.value_name);
+}
+
+}  // namespace
 
 CommandLine::CommandLine(std::string program, std::string summary)
     : program_(std::move(program)), summary_(std::move(summary)) {}
@@ -17,6 +26,11 @@ CommandLine::CommandLine(std::string program, std::string summary)
 void CommandLine::add_option(std::string name, std::string value_name, std::string help,
                              Setter set) {
   options_.push_back({std::move(name), std::move(value_name), std::move(help), std::move(set)});
+}
+
+void CommandLine::add_flag(std::string name, std::string help, std::function<void()> set) {
+  options_.push_back(
+      {std::move(name), std::string(), std::move(help), [set](std::string_view) { set(); }});
 }
 
 const CommandLine::Option* CommandLine::find(std::string_view name) const {
@@ -39,7 +53,12 @@ bool CommandLine::parse(int argc, const char* const argv[]) const {
     const Option* option = find(name);
     if (option == nullptr) throw UsageError(fmt::format("unknown option '--{}'", name));
     std::string_view value;
-    if (equals != std::string_view::npos) {
+    if (option->value_name.empty()) {
+      if (equals != std::string_view::npos) {
+        throw UsageError(
+            fmt::format("option --{} is a flag and takes no value; write --{} alone", name, name));
+      }
+    } else if (equals != std::string_view::npos) {
       value = arg.substr(equals + 1);
     } else if (i + 1 < argc) {
       value = argv[++i];
@@ -54,17 +73,16 @@ bool CommandLine::parse(int argc, const char* const argv[]) const {
 std::string CommandLine::usage() const {
   std::string text = fmt::format("usage: {} [--help]", program_);
   for (const Option& option : options_) {
-    text += fmt::format(" [--{} {}]", option.name, option.value_name);
+    text += fmt::format(" [{}]", spelling(option));
   }
   text += fmt::format("\n\n{}\n\noptions:\n", summary_);
   std::size_t width = std::string_view("-h, --help").size();
   for (const Option& option : options_) {
-    width = std::max(width, option.name.size() + option.value_name.size() + 3);
+    width = std::max(width, spelling(option).size());
   }
   text += fmt::format("  {:<{}}  {}\n", "-h, --help", width, "show this help and exit");
   for (const Option& option : options_) {
-    text += fmt::format("  {:<{}}  {}\n", fmt::format("--{} {}", option.name, option.value_name),
-                        width, option.help);
+    text += fmt::format("  {:<{}}  {}\n", spelling(option), width, option.help);
   }
   return text;
 }

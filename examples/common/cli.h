@@ -20,8 +20,8 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// The options a program accepts, each written `--name VALUE` or `--name=VALUE`, plus `--help`
-/// (or `-h`). Later occurrences of an option override earlier ones.
+/// The options a program accepts, each written `--name VALUE` or `--name=VALUE`, flags written
+/// `--name` alone, plus `--help` (or `-h`). Later occurrences of an option override earlier ones.
 class CommandLine {
  public:
   /// Receives an option's value text; parses and stores it, throwing UsageError when it is bad.
@@ -35,11 +35,16 @@ class CommandLine {
   ///   e.g. "N"; help: one line, including the default; set: called with each value given.
   void add_option(std::string name, std::string value_name, std::string help, Setter set);
 
+  /// Registers a flag: an option written `--name` alone, without a value.
+  /// Args: name: without the leading dashes, e.g. "resume"; help: one line; set: called each
+  ///   time the flag is given.
+  void add_flag(std::string name, std::string help, std::function<void()> set);
+
   /// Parses the arguments after the program name, calling each option's setter in order.
   /// Args: argc, argv: as passed to main.
   /// Returns: false when help was requested (the caller prints usage() and exits 0), else true.
-  /// Errors: UsageError for an unknown option, a positional argument, a missing value, or a value
-  ///   its setter rejects.
+  /// Errors: UsageError for an unknown option, a positional argument, a missing value, a value
+  ///   given to a flag, or a value its setter rejects.
   bool parse(int argc, const char* const argv[]) const;
 
   /// Returns: the usage text: the usage line, the summary and one line per option.
@@ -48,9 +53,9 @@ class CommandLine {
  private:
   struct Option {
     std::string name;
-    std::string value_name;
+    std::string value_name;  // empty for a flag
     std::string help;
-    Setter set;
+    Setter set;  // a flag's setter ignores its (empty) argument
   };
   const Option* find(std::string_view name) const;
 

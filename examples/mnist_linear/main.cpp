@@ -1,14 +1,20 @@
 // The seed's training program in C++: Linear(784, 10) on MNIST-format images, SGD, cross-entropy,
-// with the forward pass (model and loss) under amp::AutocastGuard.
+// with the forward pass under amp::AutocastGuard, fp16 loss scaling by amp::GradScaler, and
+// checkpoints that resume exactly.
 #include <amp/autocast.h>
+#include <amp/grad_scaler.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/cuda.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 #include <torch/utils.h>
 
 #include <algorithm>
@@ -18,7 +24,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <mutex>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -32,6 +41,8 @@ constexpr std::int64_t kImagePixels = kImageSide * kImageSide;
 constexpr std::int64_t kNumClasses = 10;
 // Test images per forward pass when measuring accuracy; only bounds memory.
 constexpr std::int64_t kEvalChunk = 1000;
+// Written into every checkpoint; a reader refuses other versions instead of misreading them.
+constexpr std::int64_t kCheckpointFormat = 1;
 
 /// A value of --precision: how the forward pass runs.
 struct Precision {
@@ -39,13 +50,27 @@ struct Precision {
   std::string_view description;
   /// The autocast dtype, or nullopt to run without autocast (all float32).
   std::optional<c10::ScalarType> autocast_dtype;
+  /// Whether backward runs through an enabled GradScaler: float16's small exponent range lets
+  /// small gradients underflow to zero unless the loss is scaled up first. bfloat16 has float32's
+  /// range and needs no scaling.
+  bool loss_scaling;
 };
 
-// fp16 joins this table with the GradScaler issue; a precision that needs loss scaling will say
-// so here and train_epoch() will route backward/step through the scaler.
 constexpr std::array kPrecisions = {
-    Precision{"fp32", "float32 throughout, autocast off", std::nullopt},
-    Precision{"bf16", "bfloat16 autocast on CPU", c10::ScalarType::BFloat16},
+    Precision{"fp32", "float32 throughout, autocast off", std::nullopt, false},
+    Precision{"bf16", "bfloat16 autocast", c10::ScalarType::BFloat16, false},
+    Precision{"fp16", "float16 autocast, GradScaler loss scaling", c10::ScalarType::Half, true},
+};
+
+/// A value of --device.
+struct DeviceChoice {
+  std::string_view name;
+  c10::DeviceType type;
+};
+
+constexpr std::array kDevices = {
+    DeviceChoice{"cpu", c10::DeviceType::CPU},
+    DeviceChoice{"cuda", c10::DeviceType::CUDA},
 };
 
 /// The program's settings; the defaults are the seed's.
@@ -56,6 +81,21 @@ struct Settings {
   double lr = 0.01;
   std::int64_t seed = 0;
   Precision precision = kPrecisions[1];  // bf16
+  DeviceChoice device = kDevices[0];     // cpu
+  /// The GradScaler's settings, torch.amp's defaults unless --init-scale / --growth-interval say
+  /// otherwise; `enabled` is set from the precision. The counters report skipped steps per epoch.
+  amp::GradScalerOptions scaler = amp::GradScalerOptions().track_counters(true);
+  /// Where to save a checkpoint after every epoch; empty for none.
+  std::filesystem::path checkpoint;
+  /// Continue from `checkpoint` instead of starting from the seed's initialisation.
+  bool resume = false;
+};
+
+/// A problem with the run's set-up that is not a data file: an unavailable device, a missing or
+/// unusable checkpoint. The message says what is wrong and what to do.
+class SetupError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 /// The seed's MyModel: flattens each image and applies one linear layer.
@@ -76,7 +116,11 @@ struct Dataset {
   std::int64_t size() const { return labels.size(0); }
 };
 
-Dataset load_dataset(const std::filesystem::path& dir, amp_examples::MnistSplit split) {
+/// Loads one half of the dataset onto `device` (all of it: the largest, Fashion-MNIST's training
+/// set, is 188 MB as float32, and batches are then gathered where they are used).
+
+Dataset load_dataset(const std::filesystem::path& dir, amp_examples::MnistSplit split,
+                     c10::DeviceType device) {
   amp_examples::MnistData data = amp_examples::load_mnist(dir, split, kNumClasses);
   if (data.rows != kImageSide || data.cols != kImageSide) {
     throw amp_examples::DataError(
@@ -88,7 +132,7 @@ Dataset load_dataset(const std::filesystem::path& dir, amp_examples::MnistSplit 
       torch::from_blob(data.images.data(), {data.count, 1, kImageSide, kImageSide}, torch::kUInt8);
   const torch::Tensor labels = torch::from_blob(data.labels.data(), {data.count}, torch::kUInt8);
   // Scaled to [0, 1] like torchvision's ToTensor, the seed's only transform.
-  return {pixels.to(torch::kFloat32).div_(255), labels.to(torch::kInt64)};
+  return {pixels.to(torch::kFloat32).div_(255).to(device), labels.to(torch::kInt64).to(device)};
 }
 
 /// The outputs of one forward pass.
@@ -98,25 +142,36 @@ struct Forward {
 };
 
 /// The forward pass of one batch, under autocast when the precision asks for it. A disabled
-/// guard (fp32) still opens a region, so both precisions run the same code, as Python's
+/// guard (fp32) still opens a region, so all precisions run the same code, as Python's
 /// `autocast(enabled=...)` idiom does.
 Forward forward_pass(MyModel& model, const torch::Tensor& images, const torch::Tensor& labels,
-                     const Precision& precision) {
-  amp::AutocastGuard autocast(torch::kCPU, precision.autocast_dtype,
+                     const Settings& settings) {
+  const Precision& precision = settings.precision;
+  amp::AutocastGuard autocast(settings.device.type, precision.autocast_dtype,
                               precision.autocast_dtype.has_value());
   torch::Tensor logits = model->forward(images);
   torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
   return {std::move(logits), std::move(loss)};
 }
 
-/// One pass over the shuffled training set in batches (the last one may be smaller, as with
-/// DataLoader's default drop_last=False). Returns the mean loss per training image.
-double train_epoch(MyModel& model, torch::optim::SGD& optimizer, const Dataset& train,
-                   const Settings& settings) {
+/// The number of optimizer steps in one epoch (the last batch may be smaller, as with
+/// DataLoader's default drop_last=False).
+std::int64_t steps_per_epoch(const Dataset& train, const Settings& settings) {
+  return (train.size() + settings.batch_size - 1) / settings.batch_size;
+}
+
+/// One pass over the shuffled training set in batches. Backward and the optimizer step go through
+/// `scaler`, which is a pass-through unless the precision needs loss scaling (Python's
+/// `GradScaler(enabled=...)` idiom), so every precision runs the same loop. The shuffle draws
+/// from `shuffle`, a CPU generator, so the order is the same on every device.
+/// Returns: the mean (unscaled) loss per training image.
+double train_epoch(MyModel& model, torch::optim::SGD& optimizer, amp::GradScaler& scaler,
+                   const Dataset& train, const Settings& settings, at::Generator& shuffle) {
   model->train();
-  const torch::Tensor order = torch::randperm(train.size(), torch::kInt64);
+  const torch::Tensor order =
+      torch::randperm(train.size(), shuffle, torch::kInt64).to(train.labels.device());
   // Summed as a tensor so the loop never waits for a value on the host; read once at the end.
-  torch::Tensor loss_sum = torch::zeros({}, torch::kFloat64);
+  torch::Tensor loss_sum = torch::zeros({}, train.labels.options().dtype(torch::kFloat64));
   for (std::int64_t start = 0; start < train.size(); start += settings.batch_size) {
     const torch::Tensor batch =
         order.slice(0, start, std::min(start + settings.batch_size, train.size()));
@@ -124,21 +179,25 @@ double train_epoch(MyModel& model, torch::optim::SGD& optimizer, const Dataset& 
     const torch::Tensor labels = train.labels.index_select(0, batch);
 
     optimizer.zero_grad();
-    const torch::Tensor loss = forward_pass(model, images, labels, settings.precision).loss;
-    loss.backward();
-    optimizer.step();
+    const torch::Tensor loss = forward_pass(model, images, labels, settings).loss;
+    scaler.scale(loss).backward();
+    // The loop's only host sync when scaling is on: step() must know on the host whether any
+    // gradient overflowed before it calls (or skips) optimizer.step().
+    scaler.step(optimizer);
+    scaler.update();
     loss_sum += loss.detach() * batch.size(0);
   }
   return loss_sum.item<double>() / static_cast<double>(train.size());
 }
 
 /// The fraction of test images classified correctly, with the same precision as training.
-double evaluate(MyModel& model, const Dataset& test, const Precision& precision) {
+double evaluate(MyModel& model, const Dataset& test, const Settings& settings) {
   model->eval();
   torch::NoGradGuard no_grad;
-  amp::AutocastGuard autocast(torch::kCPU, precision.autocast_dtype,
+  const Precision& precision = settings.precision;
+  amp::AutocastGuard autocast(settings.device.type, precision.autocast_dtype,
                               precision.autocast_dtype.has_value());
-  torch::Tensor correct = torch::zeros({}, torch::kInt64);
+  torch::Tensor correct = torch::zeros({}, test.labels.options());
   for (std::int64_t start = 0; start < test.size(); start += kEvalChunk) {
     const std::int64_t end = std::min(start + kEvalChunk, test.size());
     const torch::Tensor predicted = model->forward(test.images.slice(0, start, end)).argmax(1);
@@ -151,43 +210,227 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// ---- checkpoints ----
+
+/// The state of a CPU generator as a uint8 tensor (its Mersenne Twister state and cached normal).
+torch::Tensor generator_state(at::Generator& generator) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+/// The settings a checkpoint must share with the run that resumes it, since each changes what
+/// the remaining epochs compute. --epochs, --data's folder name and --device may differ.
+struct CheckpointKey {
+  std::string_view option;
+  c10::IValue value;
+};
+
+std::vector<CheckpointKey> checkpoint_keys(const Settings& settings, std::int64_t train_size) {
+  return {{"precision", c10::IValue(std::string(settings.precision.name))},
+          {"batch-size", c10::IValue(settings.batch_size)},
+          {"lr", c10::IValue(settings.lr)},
+          {"seed", c10::IValue(settings.seed)},
+          {"training images", c10::IValue(train_size)}};
+}
+
+/// Writes model, optimizer, scaler, the number of finished epochs and the shuffle generator's
+/// state to settings.checkpoint. It goes to a temporary file first and is renamed over the old
+/// checkpoint, so an interruption while saving leaves the previous epoch's checkpoint intact.
+void save_checkpoint(const Settings& settings, std::int64_t epochs_done, std::int64_t train_size,
+                     MyModel& model, torch::optim::SGD& optimizer, const amp::GradScaler& scaler,
+                     at::Generator& shuffle) {
+  torch::serialize::OutputArchive model_archive;
+  model->save(model_archive);
+  torch::serialize::OutputArchive optimizer_archive;
+  optimizer.save(optimizer_archive);
+  torch::serialize::OutputArchive scaler_archive;
+  scaler_archive << scaler;
+
+  torch::serialize::OutputArchive archive;
+  archive.write("model", model_archive);
+  archive.write("optimizer", optimizer_archive);
+  archive.write("scaler", scaler_archive);
+  archive.write("format", c10::IValue(kCheckpointFormat));
+  archive.write("epoch", c10::IValue(epochs_done));
+  archive.write("shuffle_rng_state", generator_state(shuffle), /*is_buffer=*/true);
+  for (const CheckpointKey& key : checkpoint_keys(settings, train_size)) {
+    archive.write(std::string(key.option), key.value);
+  }
+  std::filesystem::path temporary = settings.checkpoint;
+  temporary += ".tmp";
+  archive.save_to(temporary.string());
+  std::filesystem::rename(temporary, settings.checkpoint);
+}
+
+/// Reads an IValue entry of a checkpoint, refusing a file that lacks it.
+c10::IValue read_entry(torch::serialize::InputArchive& archive, const std::string& key,
+                       const std::filesystem::path& path) {
+  c10::IValue value;
+  if (!archive.try_read(key, value)) {
+    throw SetupError(
+        fmt::format("the checkpoint '{}' has no entry '{}'; it was not written by "
+                    "mnist_linear --checkpoint",
+                    path.string(), key));
+  }
+  return value;
+}
+
+/// Restores what save_checkpoint wrote into a freshly built model, optimizer and scaler and the
+/// shuffle generator, after checking that the checkpoint was written with the same settings.
+/// Returns: the number of epochs the checkpoint had finished.
+std::int64_t load_checkpoint(const Settings& settings, std::int64_t train_size, MyModel& model,
+                             torch::optim::SGD& optimizer, amp::GradScaler& scaler,
+                             at::Generator& shuffle) {
+  const std::filesystem::path& path = settings.checkpoint;
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(path.string(), c10::Device(settings.device.type));
+  } catch (const c10::Error& error) {
+    throw SetupError(
+        fmt::format("cannot read the checkpoint '{}' (damaged, truncated or not a "
+                    "checkpoint): {}",
+                    path.string(), error.what_without_backtrace()));
+  }
+  const c10::IValue format = read_entry(archive, "format", path);
+  if (!format.isInt() || format.toInt() != kCheckpointFormat) {
+    throw SetupError(
+        fmt::format("the checkpoint '{}' has format {}; this mnist_linear reads "
+                    "format {} only",
+                    path.string(), c10::str(format), kCheckpointFormat));
+  }
+  for (const CheckpointKey& key : checkpoint_keys(settings, train_size)) {
+    const c10::IValue saved = read_entry(archive, std::string(key.option), path);
+    if (saved != key.value) {
+      throw SetupError(fmt::format(
+          "the checkpoint '{}' was written with {} {} but this run has {} {}; resume with the "
+          "checkpoint's settings, or start afresh without --resume",
+          path.string(), key.option, c10::str(saved), key.option, c10::str(key.value)));
+    }
+  }
+
+  torch::serialize::InputArchive model_archive;
+  archive.read("model", model_archive);
+  model->load(model_archive);
+  torch::serialize::InputArchive optimizer_archive;
+  archive.read("optimizer", optimizer_archive);
+  optimizer.load(optimizer_archive);
+  torch::serialize::InputArchive scaler_archive;
+  archive.read("scaler", scaler_archive);
+  scaler_archive >> scaler;
+  torch::Tensor rng_state;
+  archive.read("shuffle_rng_state", rng_state, /*is_buffer=*/true);
+  {
+    std::lock_guard<std::mutex> lock(shuffle.mutex());
+    // load_from moved every tensor to the run's device; a generator state lives on the CPU.
+    shuffle.set_state(rng_state.to(torch::kCPU));
+  }
+  return read_entry(archive, "epoch", path).toInt();
+}
+
+/// An FNV-1a hash of the parameters' bytes in registration order: equal fingerprints mean
+/// bit-identical parameters (how the tests compare a resumed run with an uninterrupted one).
+std::uint64_t parameter_fingerprint(MyModel& model) {
+  std::uint64_t hash = 0xcbf29ce484222325u;
+  for (const torch::Tensor& parameter : model->parameters()) {
+    const torch::Tensor host = parameter.detach().to(torch::kCPU).contiguous();
+    const auto* bytes = static_cast<const std::uint8_t*>(host.data_ptr());
+    for (std::size_t i = 0; i < host.nbytes(); ++i) {
+      hash = (hash ^ bytes[i]) * 0x100000001b3u;
+    }
+  }
+  return hash;
+}
+
+// ---- the program ----
+
+void check_device(const Settings& settings) {
+  if (settings.device.type == c10::DeviceType::CUDA && !torch::cuda::is_available()) {
+    throw SetupError(
+        "--device cuda needs a CUDA GPU, but none is available (no GPU or driver on this "
+        "machine, or a LibTorch built without CUDA); run on the CPU with --device cpu");
+  }
+}
+
 void run(const Settings& settings) {
+  check_device(settings);
+  if (settings.resume && !std::filesystem::exists(settings.checkpoint)) {
+    throw SetupError(
+        fmt::format("--resume: there is no checkpoint at '{}'; run once without "
+                    "--resume to create it",
+                    settings.checkpoint.string()));
+  }
   const auto start = std::chrono::steady_clock::now();
-  const Dataset train = load_dataset(settings.data_dir, amp_examples::MnistSplit::kTrain);
-  const Dataset test = load_dataset(settings.data_dir, amp_examples::MnistSplit::kTest);
+  const c10::DeviceType device = settings.device.type;
+  const Dataset train = load_dataset(settings.data_dir, amp_examples::MnistSplit::kTrain, device);
+  const Dataset test = load_dataset(settings.data_dir, amp_examples::MnistSplit::kTest, device);
   fmt::print("data: {} training and {} test images from {} ({:.2f} s)\n", train.size(), test.size(),
              settings.data_dir.string(), seconds_since(start));
-  fmt::print("precision {} ({}), epochs {}, batch size {}, lr {}, seed {}\n",
-             settings.precision.name, settings.precision.description, settings.epochs,
-             settings.batch_size, settings.lr, settings.seed);
+  fmt::print("precision {} ({}), device {}, epochs {}, batch size {}, lr {}, seed {}\n",
+             settings.precision.name, settings.precision.description, settings.device.name,
+             settings.epochs, settings.batch_size, settings.lr, settings.seed);
   std::fflush(stdout);
 
   torch::manual_seed(static_cast<std::uint64_t>(settings.seed));
+  // Initialised on the CPU from the seed and then moved, so every device starts from the same
+  // weights.
   MyModel model;
+  model->to(device);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(settings.lr));
+  amp::GradScaler scaler(
+      device, amp::GradScalerOptions(settings.scaler).enabled(settings.precision.loss_scaling));
+  // The shuffle draws from the default CPU generator, right after the weights' initialisation,
+  // as Python's `torch.manual_seed(seed); model = ...; torch.randperm(n)` does; a checkpoint saves
+  // its state so a resumed run draws the same orders.
+  at::Generator shuffle = at::detail::getDefaultCPUGenerator();
 
   {
-    // Shows autocast at work: under bf16 the linear layer computes in bfloat16 while
-    // cross-entropy, on autocast's float32 list, still returns float32.
+    // Shows autocast at work: under bf16/fp16 the linear layer computes in the low precision
+    // while cross-entropy, on autocast's float32 list, still returns float32.
     torch::NoGradGuard no_grad;
-    const Forward probe = forward_pass(model, train.images.slice(0, 0, 1),
-                                       train.labels.slice(0, 0, 1), settings.precision);
+    const Forward probe =
+        forward_pass(model, train.images.slice(0, 0, 1), train.labels.slice(0, 0, 1), settings);
     fmt::print("forward pass: logits {}, loss {}\n", c10::toString(probe.logits.scalar_type()),
                c10::toString(probe.loss.scalar_type()));
   }
 
+  std::int64_t epochs_done = 0;
+  if (settings.resume) {
+    epochs_done = load_checkpoint(settings, train.size(), model, optimizer, scaler, shuffle);
+    fmt::print("resumed from {} after epoch {}\n", settings.checkpoint.string(), epochs_done);
+  }
+  if (!settings.checkpoint.empty()) {
+    fmt::print("checkpoint: saved to {} after every epoch\n", settings.checkpoint.string());
+  }
+  std::fflush(stdout);
+
   const auto training_start = std::chrono::steady_clock::now();
-  double accuracy = 0;
-  for (std::int64_t epoch = 1; epoch <= settings.epochs; ++epoch) {
+  const std::int64_t steps = steps_per_epoch(train, settings);
+  // Read once per epoch (one sync each), never per step.
+  std::int64_t skipped_before = scaler.counters().steps_skipped;
+  std::optional<double> accuracy;
+  for (std::int64_t epoch = epochs_done + 1; epoch <= settings.epochs; ++epoch) {
     const auto epoch_start = std::chrono::steady_clock::now();
-    const double loss = train_epoch(model, optimizer, train, settings);
-    accuracy = evaluate(model, test, settings.precision);
-    fmt::print("epoch {}/{}: mean train loss {:.6f}, test accuracy {:.2f}%, {:.2f} s\n", epoch,
-               settings.epochs, loss, 100 * accuracy, seconds_since(epoch_start));
+    const double loss = train_epoch(model, optimizer, scaler, train, settings, shuffle);
+    accuracy = evaluate(model, test, settings);
+    std::string scaling;
+    if (scaler.is_enabled()) {
+      const std::int64_t skipped = scaler.counters().steps_skipped;
+      scaling = fmt::format(", loss scale {}, skipped steps {} of {}", scaler.get_scale(),
+                            skipped - skipped_before, steps);
+      skipped_before = skipped;
+    }
+    if (!settings.checkpoint.empty()) {
+      save_checkpoint(settings, epoch, train.size(), model, optimizer, scaler, shuffle);
+    }
+    fmt::print("epoch {}/{}: mean train loss {:.6f}, test accuracy {:.2f}%{}, {:.2f} s\n", epoch,
+               settings.epochs, loss, 100 * *accuracy, scaling, seconds_since(epoch_start));
     std::fflush(stdout);
   }
+  // A resumed run with no epochs left still reports the model it holds.
+  if (!accuracy) accuracy = evaluate(model, test, settings);
+  fmt::print("parameters: fingerprint {:016x}\n", parameter_fingerprint(model));
   fmt::print("done: precision {}, test accuracy {:.2f}%, training {:.2f} s, total {:.2f} s\n",
-             settings.precision.name, 100 * accuracy, seconds_since(training_start),
+             settings.precision.name, 100 * *accuracy, seconds_since(training_start),
              seconds_since(start));
 }
 
@@ -196,8 +439,9 @@ amp_examples::CommandLine make_command_line(Settings& settings) {
   amp_examples::CommandLine cli(
       "mnist_linear",
       "Trains the seed's linear classifier (Linear(784, 10), SGD, cross-entropy) on an\n"
-      "MNIST-format dataset with the forward pass under amp::AutocastGuard, and prints\n"
-      "the mean training loss and the test accuracy of each epoch.");
+      "MNIST-format dataset with the forward pass under amp::AutocastGuard (fp16 with\n"
+      "amp::GradScaler loss scaling), and prints the mean training loss and the test\n"
+      "accuracy of each epoch; --checkpoint and --resume stop and continue a run exactly.");
   constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
   cli.add_option("data", "DIR",
                  fmt::format("folder with {{train,t10k}}-{{images-idx3,labels-idx1}}-ubyte[.gz] "
@@ -229,6 +473,33 @@ amp_examples::CommandLine make_command_line(Settings& settings) {
                    settings.precision =
                        kPrecisions[amp_examples::parse_choice("--precision", value, names)];
                  });
+  std::vector<std::string_view> devices;
+  for (const DeviceChoice& device : kDevices) devices.push_back(device.name);
+  cli.add_option("device", fmt::format("{{{}}}", fmt::join(devices, ",")),
+                 fmt::format("where to train (default {})", settings.device.name),
+                 [&settings, devices](std::string_view value) {
+                   settings.device =
+                       kDevices[amp_examples::parse_choice("--device", value, devices)];
+                 });
+  cli.add_option(
+      "init-scale", "S",
+      fmt::format("fp16: GradScaler's initial loss scale (default {})",
+                  settings.scaler.init_scale()),
+      [&](std::string_view value) {
+        settings.scaler.init_scale(amp_examples::parse_positive_number("--init-scale", value));
+      });
+  cli.add_option(
+      "growth-interval", "N",
+      fmt::format("fp16: clean steps before the loss scale doubles (default {})",
+                  settings.scaler.growth_interval()),
+      [&](std::string_view value) {
+        settings.scaler.growth_interval(parse_integer("--growth-interval", value, 1, kMax));
+      });
+  cli.add_option("checkpoint", "PATH",
+                 "save model, optimizer, scaler and shuffle state to PATH after every epoch",
+                 [&](std::string_view value) { settings.checkpoint = value; });
+  cli.add_flag("resume", "continue the run saved in --checkpoint PATH from its last epoch",
+               [&] { settings.resume = true; });
   return cli;
 }
 
@@ -241,6 +512,10 @@ int main(int argc, char* argv[]) {
     if (!cli.parse(argc, argv)) {
       fmt::print("{}", cli.usage());
       return 0;
+    }
+    if (settings.resume && settings.checkpoint.empty()) {
+      throw amp_examples::UsageError(
+          "--resume continues from a checkpoint; name it with --checkpoint PATH");
     }
   } catch (const amp_examples::UsageError& error) {
     fmt::print(stderr, "mnist_linear: error: {}\n\n{}", error.what(), cli.usage());
@@ -255,6 +530,9 @@ int main(int argc, char* argv[]) {
                "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
                "t10k-labels-idx1-ubyte, each raw or gzipped with a .gz suffix)\n",
                error.what());
+    return 1;
+  } catch (const SetupError& error) {
+    fmt::print(stderr, "mnist_linear: error: {}\n", error.what());
     return 1;
   } catch (const c10::Error& error) {
     fmt::print(stderr, "mnist_linear: error: {}\n", error.what_without_backtrace());

@@ -6,6 +6,8 @@
 #   EPOCHS         optional: parse the per-epoch lines of mnist_linear and require this many, each
 #                  with a finite loss lower than the epoch before
 #   MIN_ACCURACY   optional (with EPOCHS): the last epoch's test accuracy in percent must reach it
+#   SCALER         optional (with EPOCHS): ON requires every epoch line to report the loss scale
+#                  and the skipped steps (fp16), OFF requires that none does (fp32, bf16)
 cmake_minimum_required(VERSION 3.25)
 
 string(REPLACE "|" ";" _args "${ARGS}")
@@ -24,7 +26,8 @@ endif()
 if(DEFINED EPOCHS)
   set(_number "[0-9]+\\.[0-9]+")
   string(REGEX MATCHALL
-    "epoch [0-9]+/[0-9]+: mean train loss ${_number}, test accuracy ${_number}%" _lines "${_stdout}")
+    "epoch [0-9]+/[0-9]+: mean train loss ${_number}, test accuracy ${_number}%[^\n]*"
+    _lines "${_stdout}")
   list(LENGTH _lines _count)
   if(NOT _count EQUAL EPOCHS)
     message(FATAL_ERROR "expected ${EPOCHS} lines 'epoch i/n: mean train loss L, test accuracy A%' "
@@ -39,6 +42,12 @@ if(DEFINED EPOCHS)
       message(FATAL_ERROR "the mean training loss did not decrease: ${_previous} then ${_loss}")
     endif()
     set(_previous "${_loss}")
+    set(_scaler_regex ", loss scale [0-9]+(\\.[0-9]+)?(e[-+][0-9]+)?, skipped steps [0-9]+ of [0-9]+, ")
+    if(SCALER AND NOT _line MATCHES "${_scaler_regex}")
+      message(FATAL_ERROR "the epoch line does not report the loss scale and skipped steps: ${_line}")
+    elseif(DEFINED SCALER AND NOT SCALER AND _line MATCHES "loss scale")
+      message(FATAL_ERROR "the epoch line reports a loss scale without loss scaling: ${_line}")
+    endif()
   endforeach()
   if(DEFINED MIN_ACCURACY AND _accuracy LESS MIN_ACCURACY)
     message(FATAL_ERROR "final test accuracy ${_accuracy}% is below ${MIN_ACCURACY}%")

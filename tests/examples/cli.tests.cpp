@@ -15,6 +15,7 @@ using Catch::Contains;
 struct Parsed {
   std::int64_t epochs = 5;
   std::string data = "default";
+  int verbose = 0;
 };
 
 amp_examples::CommandLine make_cli(Parsed& parsed) {
@@ -24,6 +25,7 @@ amp_examples::CommandLine make_cli(Parsed& parsed) {
   });
   cli.add_option("data", "DIR", "where the data is",
                  [&](std::string_view value) { parsed.data = std::string(value); });
+  cli.add_flag("verbose", "say more", [&] { ++parsed.verbose; });
   return cli;
 }
 
@@ -47,15 +49,26 @@ TEST_CASE("Options are accepted as --name VALUE and --name=VALUE, the last one w
   CHECK(parsed.epochs == 3);
 }
 
+TEST_CASE("A flag is written alone, between options, and takes no value", "[examples]") {
+  Parsed parsed;
+  const auto cli = make_cli(parsed);
+  CHECK(parse(cli, {"--verbose", "--epochs", "4", "--verbose"}));
+  CHECK(parsed.verbose == 2);
+  CHECK(parsed.epochs == 4);
+  CHECK_THROWS_WITH(parse(cli, {"--verbose=1"}),
+                    "option --verbose is a flag and takes no value; write --verbose alone");
+}
+
 TEST_CASE("--help and -h ask for the usage text instead of a run", "[examples]") {
   Parsed parsed;
   const auto cli = make_cli(parsed);
   CHECK_FALSE(parse(cli, {"--help"}));
   CHECK_FALSE(parse(cli, {"--epochs", "2", "-h"}));
   const std::string usage = cli.usage();
-  CHECK_THAT(usage, Contains("usage: prog [--help] [--epochs N] [--data DIR]"));
+  CHECK_THAT(usage, Contains("usage: prog [--help] [--epochs N] [--data DIR] [--verbose]"));
   CHECK_THAT(usage, Contains("Does a thing."));
   CHECK_THAT(usage, Contains("--epochs N    passes (default 5)"));
+  CHECK_THAT(usage, Contains("--verbose     say more"));
 }
 
 TEST_CASE("Unknown options, stray arguments and missing values are usage errors", "[examples]") {
