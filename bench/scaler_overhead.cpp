@@ -7,6 +7,7 @@
 // so machine noise and drift hit all variants alike. Every variant trains its own copy of the same
 // initial model with its own SGD on the same batches. The headline numbers are medians of the
 // per-step time and the median of the per-round ratio (scaler step / plain step).
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/headeronly/version.h>
@@ -19,14 +20,15 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <amp/autocast.h>
@@ -133,6 +135,54 @@ double quantile(std::vector<double> v, double q) {
 }
 
 double median(const std::vector<double>& v) { return quantile(v, 0.5); }
+
+/// Distribution-free ~95% confidence interval of the median: the order statistics at ranks
+/// n/2 -+ 1.96 sqrt(n)/2 (binomial normal approximation), so noise bursts cannot move it much.
+std::pair<double, double> median_ci(std::vector<double> v) {
+  if (v.empty()) return {0.0, 0.0};
+  std::sort(v.begin(), v.end());
+  const double n = static_cast<double>(v.size());
+  const double half = 0.98 * std::sqrt(n);
+  const auto lo = static_cast<size_t>(std::max(0.0, std::floor(n / 2 - half)));
+  const auto hi = static_cast<size_t>(std::min(n - 1, std::ceil(n / 2 + half)));
+  return {v[lo], v[hi]};
+}
+
+/// Median seconds of `fn` over `reps` calls (after one warm-up call).
+template <class Fn>
+double time_median(int reps, Fn&& fn) {
+  fn();
+  std::vector<double> s;
+  for (int i = 0; i < reps; ++i) {
+    const auto start = Clock::now();
+    fn();
+    s.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return median(s);
+}
+
+/// Times the ATen calls GradScaler::unscale_ and step() make, one by one, on `model`'s
+/// gradients (inv_scale 1, so the gradients keep their values): attributes the unscale_ phase.
+void print_unscale_components(const torch::nn::Sequential& model, const at::Tensor& scale,
+                              int reps) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : model->parameters()) grads.push_back(p.grad());
+  const at::Tensor one = at::ones({}, scale.options());
+  at::Tensor found = at::zeros({}, scale.options());
+  const double inv = time_median(
+      reps, [&] { const at::Tensor r = scale.to(at::kDouble).reciprocal().to(at::kFloat); });
+  const double full =
+      time_median(reps, [&] { const at::Tensor f = at::full({}, 0.0, scale.options()); });
+  const double check =
+      time_median(reps, [&] { at::_amp_foreach_non_finite_check_and_unscale_(grads, found, one); });
+  const double item = time_median(reps, [&] { (void)found.item<float>(); });
+  std::printf(
+      "unscale_ components (ATen calls alone, median of %d): inv_scale (to double, "
+      "reciprocal, to float) %.4f ms; found_inf = full() %.4f ms; "
+      "_amp_foreach_non_finite_check_and_unscale_ over %zu grads %.4f ms; found_inf.item() "
+      "(step's read) %.4f ms\n",
+      reps, 1e3 * inv, 1e3 * full, grads.size(), 1e3 * check, 1e3 * item);
+}
 
 /// Per-round ratio a[i] / b[i] (rounds are paired: both ran in the same round).
 std::vector<double> ratios(const std::vector<double>& a, const std::vector<double>& b) {
@@ -249,7 +299,13 @@ double run_case(const ModelCase& mc, int warmup) {
   std::printf("backward with the scaled loss minus plain backward (medians): %+.4f ms\n",
               1e3 * (median(scaled.phases[kBackward]) - median(base.phases[kBackward])));
 
-  const double overhead = median(ratios(scaled.totals, base.totals)) - 1.0;
+  print_unscale_components(split.model, split.scaler->scale_tensor(), mc.rounds);
+
+  const std::vector<double> paired = ratios(scaled.totals, base.totals);
+  const double overhead = median(paired) - 1.0;
+  const auto [ci_lo, ci_hi] = median_ci(paired);
+  std::printf("95%% CI of the paired median overhead: [%+.2f%%, %+.2f%%]\n", 100.0 * (ci_lo - 1.0),
+              100.0 * (ci_hi - 1.0));
   std::printf(
       "OVERHEAD %s: GradScaler step vs plain fp16 step: %+.2f%% (paired median), "
       "%+.2f%% (ratio of medians)\n",
@@ -293,8 +349,8 @@ int parse_int(const char* flag, const char* value, int minimum) {
 int main(int argc, char** argv) {
   int threads = 1;
   int warmup = 10;
-  ModelCase small{"example", {784, 10}, 64, 3000};
-  ModelCase mlp{"mlp", {784, 4096, 4096, 10}, 256, 60};
+  ModelCase small{"example", {784, 10}, 64, 5000};
+  ModelCase mlp{"mlp", {784, 4096, 4096, 10}, 256, 120};
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string arg = argv[i];
