@@ -5,6 +5,19 @@
 
 namespace amp::detail {
 
+ElemType elem_type(c10::ScalarType dtype) {
+  switch (dtype) {
+    case at::kHalf:
+      return ElemType::kHalf;
+    case at::kBFloat16:
+      return ElemType::kBFloat16;
+    case at::kDouble:
+      return ElemType::kDouble;
+    default:
+      return ElemType::kFloat;
+  }
+}
+
 void check_scalar_tensor(const char* op, const char* name, const at::Tensor& tensor,
                          c10::ScalarType dtype, c10::Device device) {
   TORCH_CHECK(tensor.defined(), op, ": ", name, " is an undefined tensor; pass a 1-element ",

@@ -5,7 +5,12 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/ArrayRef.h>
 
+#include "ops/elem_type.h"
+
 namespace amp::detail {
+
+/// The list kernels' element type of a dtype that check_grads accepted.
+ElemType elem_type(c10::ScalarType dtype);
 
 /// Checks that `tensor` (called `name` in op `op`) is a defined 1-element tensor of `dtype` on
 /// `device`.

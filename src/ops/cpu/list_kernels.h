@@ -3,10 +3,9 @@
 
 #include <cstdint>
 
-namespace amp::detail::cpu {
+#include "ops/elem_type.h"
 
-/// Element types the list kernels handle (computed in float32, float64 for kDouble).
-enum class ElemType : uint8_t { kFloat, kHalf, kBFloat16, kDouble };
+namespace amp::detail::cpu {
 
 /// One dense tensor seen as a flat array (memory order: the op is elementwise).
 struct FlatTensor {

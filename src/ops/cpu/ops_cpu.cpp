@@ -16,19 +16,6 @@
 namespace amp::detail::cpu {
 namespace {
 
-ElemType elem_type(c10::ScalarType dtype) {
-  switch (dtype) {
-    case at::kHalf:
-      return ElemType::kHalf;
-    case at::kBFloat16:
-      return ElemType::kBFloat16;
-    case at::kDouble:
-      return ElemType::kDouble;
-    default:
-      return ElemType::kFloat;
-  }
-}
-
 /// The list as flat dense ranges. A dense tensor (contiguous in any dimension order, offset views
 /// included) is processed where it lies; any other layout goes through a contiguous copy that
 /// write_back() copies into the original.

@@ -6,12 +6,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include "ops/elem_type.h"
 #include "ops/update_rule.h"
 
 namespace amp::detail::cuda {
-
-/// Element types the multi-tensor kernels handle (float16/bfloat16 computed in float32).
-enum class ElemType : uint8_t { kFloat, kHalf, kBFloat16, kDouble };
 
 /// Threads per block and elements per block of the multi-tensor kernels.
 constexpr int kBlockThreads = 512;

@@ -18,19 +18,6 @@
 namespace amp::detail::cuda {
 namespace {
 
-ElemType elem_type(c10::ScalarType dtype) {
-  switch (dtype) {
-    case at::kHalf:
-      return ElemType::kHalf;
-    case at::kBFloat16:
-      return ElemType::kBFloat16;
-    case at::kDouble:
-      return ElemType::kDouble;
-    default:
-      return ElemType::kFloat;
-  }
-}
-
 /// Runs the multi-tensor kernel over a whole list, mixed dtypes included, in as few launches as
 /// the metadata limits allow. Tensors that are not dense go through a contiguous copy that is
 /// copied back afterwards when the mode stores.
