@@ -3,6 +3,8 @@
 #include "ops/cpu/list_kernels.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -15,8 +17,18 @@ constexpr int64_t kGrainElems = 1 << 15;
 
 using RangeFn = RangeResult (*)(const FlatTensor&, int64_t, int64_t, ListMode, float);
 
+// The widest build of the element loops this CPU runs. AMP_CPU_CAPABILITY=default|avx2|avx512
+// caps the choice (as ATEN_CPU_CAPABILITY does for ATen), so every build can be tested on one
+// machine; a value the CPU cannot run, or an unknown one, is ignored.
 RangeFn pick_range_fn() {
+  const char* cap = std::getenv("AMP_CPU_CAPABILITY");
+  const std::string limit = cap != nullptr ? cap : "";
+  if (limit == "default") return process_range_default;
 #if defined(__x86_64__) && defined(__GNUC__)
+  if (limit != "avx2" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    return process_range_avx512;
+  }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       __builtin_cpu_supports("f16c")) {
     return process_range_avx2;

@@ -50,10 +50,13 @@ struct RangeResult {
 };
 
 /// Processes elements [begin, end) of one tensor in `mode`; built once for baseline x86-64 and
-/// once for AVX2+FMA+F16C (list_kernels_avx2.cpp), chosen at run time.
+/// once for AVX2+FMA+F16C (list_kernels_avx2.cpp) and once for AVX-512 (list_kernels_avx512.cpp),
+/// the widest the CPU has chosen at run time.
 RangeResult process_range_default(const FlatTensor& tensor, int64_t begin, int64_t end,
                                   ListMode mode, float factor);
 RangeResult process_range_avx2(const FlatTensor& tensor, int64_t begin, int64_t end, ListMode mode,
                                float factor);
+RangeResult process_range_avx512(const FlatTensor& tensor, int64_t begin, int64_t end,
+                                 ListMode mode, float factor);
 
 }  // namespace amp::detail::cpu
