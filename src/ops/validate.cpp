@@ -101,6 +101,23 @@ void check_update_args(const char* op, const at::Tensor& scale, const at::Tensor
   }
 }
 
+ExtendedRule check_extended_update_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                                        const at::Tensor& hysteresis_remaining,
+                                        const std::optional<at::Tensor>& counters,
+                                        const at::Tensor& found_inf, double growth_factor,
+                                        double backoff_factor, int64_t growth_interval,
+                                        int64_t hysteresis, bool consecutive_hysteresis,
+                                        double min_scale, double max_scale) {
+  const char* op = "amp::update_scale_extended_";
+  check_update_args(op, scale, growth_tracker, found_inf, growth_interval, &hysteresis_remaining,
+                    counters ? &*counters : nullptr);
+  TORCH_CHECK(hysteresis >= 1 && hysteresis <= INT32_MAX, op,
+              ": hysteresis must be in [1, 2^31), but got ", hysteresis, ".");
+  return ExtendedRule{
+      growth_factor,          backoff_factor, growth_interval, static_cast<int32_t>(hysteresis),
+      consecutive_hysteresis, min_scale,      max_scale};
+}
+
 void check_clip_args(const char* op, at::TensorList grads, const at::Tensor& inv_scale,
                      const at::Tensor& total_norm, double max_norm, double eps) {
   TORCH_CHECK(inv_scale.defined(), op,

@@ -5,7 +5,10 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/ArrayRef.h>
 
+#include <optional>
+
 #include "ops/elem_type.h"
+#include "ops/update_rule.h"
 
 namespace amp::detail {
 
@@ -34,6 +37,15 @@ void check_unscale_args(const char* op, at::TensorList grads, const at::Tensor& 
 void check_update_args(const char* op, const at::Tensor& scale, const at::Tensor& growth_tracker,
                        const at::Tensor& found_inf, int64_t growth_interval,
                        const at::Tensor* hysteresis_remaining, const at::Tensor* counters);
+
+/// The checks of update_scale_extended_ (every device), and the rule its kernels apply.
+ExtendedRule check_extended_update_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                                        const at::Tensor& hysteresis_remaining,
+                                        const std::optional<at::Tensor>& counters,
+                                        const at::Tensor& found_inf, double growth_factor,
+                                        double backoff_factor, int64_t growth_interval,
+                                        int64_t hysteresis, bool consecutive_hysteresis,
+                                        double min_scale, double max_scale);
 
 /// The checks of clip_unscaled_.
 void check_clip_args(const char* op, at::TensorList grads, const at::Tensor& inv_scale,

@@ -126,15 +126,10 @@ void update_scale_extended_cuda(const at::Tensor& scale, const at::Tensor& growt
                                 const at::Tensor& found_inf, double growth_factor,
                                 double backoff_factor, int64_t growth_interval, int64_t hysteresis,
                                 bool consecutive_hysteresis, double min_scale, double max_scale) {
-  const char* op = "amp::update_scale_extended_";
-  check_update_args(op, scale, growth_tracker, found_inf, growth_interval, &hysteresis_remaining,
-                    counters ? &*counters : nullptr);
-  TORCH_CHECK(hysteresis >= 1 && hysteresis <= INT32_MAX, op,
-              ": hysteresis must be in [1, 2^31), but got ", hysteresis, ".");
+  const ExtendedRule rule = check_extended_update_args(
+      scale, growth_tracker, hysteresis_remaining, counters, found_inf, growth_factor,
+      backoff_factor, growth_interval, hysteresis, consecutive_hysteresis, min_scale, max_scale);
   const c10::cuda::CUDAGuard guard(scale.device());
-  const ExtendedRule rule{
-      growth_factor,          backoff_factor, growth_interval, static_cast<int32_t>(hysteresis),
-      consecutive_hysteresis, min_scale,      max_scale};
   C10_CUDA_CHECK(launch_update_scale_extended(
       scale.data_ptr<float>(), growth_tracker.data_ptr<int32_t>(),
       hysteresis_remaining.data_ptr<int32_t>(), counters ? counters->data_ptr<int64_t>() : nullptr,
