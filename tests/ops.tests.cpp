@@ -11,7 +11,6 @@
 #include <amp/ops.h>
 
 #include "ops/launch_plan.h"
-#include "support/devices.h"
 #include "support/reference_scale_update.h"
 
 namespace {
@@ -375,7 +374,6 @@ TEST_CASE("The launch planner handles tensors beyond 2^31 elements", "[ops][plan
 }
 
 TEST_CASE("CUDA ops match ATen's CUDA ops on a mixed-dtype list", "[ops][cuda]") {
-  if (!amp_test::cuda_usable()) return;
   torch::manual_seed(8);
   const torch::Device cuda(torch::kCUDA);
   std::vector<torch::Tensor> grads = {
@@ -420,5 +418,79 @@ TEST_CASE("CUDA ops match ATen's CUDA ops on a mixed-dtype list", "[ops][cuda]")
     at::_amp_update_scale_(s2, t2, scalar(f, cuda), 2.0, 0.5, 2);
     CHECK(same_bits(s1.cpu(), s2.cpu()));
     CHECK(torch::equal(t1.cpu(), t2.cpu()));
+  }
+}
+
+TEST_CASE("CUDA unscaling matches ATen at every size, dtype and non-finite position",
+          "[ops][cuda]") {
+  torch::manual_seed(9);
+  const torch::Device cuda(torch::kCUDA);
+  const auto dtype = GENERATE(torch::kFloat, torch::kHalf, torch::kBFloat16, torch::kDouble);
+  const float inv = GENERATE(1.0f / 65536.0f, 1.0f);
+  // The CPU sizes plus the CUDA kernel's chunk boundaries (64K elements per block) and an
+  // unaligned start, so both the 16-byte and the scalar paths meet every edge.
+  std::vector<int64_t> sizes = kSizes;
+  for (int64_t n : {int64_t{65536} * 2 - 1, int64_t{65536} * 2, int64_t{65536} * 2 + 1}) {
+    sizes.push_back(n);
+  }
+  for (int64_t n : sizes) {
+    for (int64_t offset : {int64_t{0}, int64_t{1}}) {
+      INFO("numel " << n << " offset " << offset << " dtype " << dtype);
+      const auto base = scaled_randn(n + offset, dtype).narrow(0, offset, n);
+      auto mine = base.to(cuda);
+      auto ref = base.clone();
+      auto found = zero_flag(cuda), found_ref = zero_flag();
+      amp::non_finite_check_and_unscale_({mine}, found, scalar(inv, cuda));
+      at::_amp_foreach_non_finite_check_and_unscale_({ref}, found_ref, scalar(inv));
+      CHECK(same_bits(mine.cpu(), ref));
+      CHECK(found.item<float>() == found_ref.item<float>());
+    }
+  }
+  // Non-finite values at the first, last and chunk-boundary positions; found_inf already 1 on
+  // entry stays 1.
+  const int64_t n = 65536 * 2 + 1;
+  for (int64_t pos : {int64_t{0}, int64_t{65535}, int64_t{65536}, n - 1}) {
+    for (float bad : {kNaN, kInf, -kInf}) {
+      INFO("position " << pos << " value " << bad);
+      auto g = scaled_randn(n, dtype);
+      g[pos] = bad;
+      auto mine = g.to(cuda);
+      auto found = zero_flag(cuda), found_ref = zero_flag();
+      amp::non_finite_check_and_unscale_({mine}, found, scalar(inv, cuda));
+      at::_amp_foreach_non_finite_check_and_unscale_({g}, found_ref, scalar(inv));
+      CHECK(found.item<float>() == 1.0f);
+      CHECK(same_bits(mine.cpu(), g));
+    }
+  }
+  auto g = scaled_randn(1000, dtype).to(cuda);
+  auto found = scalar(1.0f, cuda);
+  amp::non_finite_check_and_unscale_({g}, found, scalar(inv, cuda));
+  CHECK(found.item<float>() == 1.0f);
+}
+
+TEST_CASE("The CUDA extended update matches the tensor-op reference of the rule", "[ops][cuda]") {
+  torch::manual_seed(10);
+  const auto on_cuda = torch::TensorOptions().device(torch::kCUDA);
+  amp::ScaleUpdateOptions o;
+  o.growth_interval = GENERATE(1, 3);
+  o.hysteresis = GENERATE(1, 2);
+  o.consecutive_hysteresis = GENERATE(false, true);
+  o.min_scale = GENERATE(0.0, 3.0);
+  o.max_scale = GENERATE(std::numeric_limits<double>::infinity(), 300.0);
+  auto s1 = torch::full({}, 64.0f, on_cuda), s2 = s1.clone();
+  auto t1 = torch::zeros({}, on_cuda.dtype(torch::kInt)), t2 = t1.clone();
+  auto h1 = torch::full({}, static_cast<int>(o.hysteresis), on_cuda.dtype(torch::kInt));
+  auto h2 = h1.clone();
+  auto c1 = torch::zeros({3}, on_cuda.dtype(torch::kLong)), c2 = c1.clone();
+  for (int step = 0; step < 40; ++step) {
+    const auto found =
+        torch::full({}, torch::rand({1}).item<float>() < 0.4f ? 1.0f : 0.0f, on_cuda);
+    amp::update_scale_extended_(s1, t1, h1, c1, found, o);
+    amp_test::reference_update_scale_extended_(s2, t2, h2, c2, found, o);
+    INFO("step " << step);
+    REQUIRE(same_bits(s1.cpu(), s2.cpu()));
+    REQUIRE(torch::equal(t1.cpu(), t2.cpu()));
+    REQUIRE(torch::equal(h1.cpu(), h2.cpu()));
+    REQUIRE(torch::equal(c1.cpu(), c2.cpu()));
   }
 }
