@@ -141,7 +141,10 @@ void clip_case(const Runner& run, const char* name, const std::vector<int64_t>& 
   auto flat = torch::randn({bytes / 4}, opts);
   const auto times = run.time({
       [&] { flat.mul_(0.999); },
-      [&] { amp::unscale_and_clip_(mine, found, inv, 1.0); },
+      [&] {
+        const at::Tensor total = std::get<0>(amp::unscale_norm(mine, found, inv));
+        amp::clip_unscaled_(mine, inv, total, 1.0);
+      },
       [&] {
         at::_amp_foreach_non_finite_check_and_unscale_(ref_grads, found, inv);
         torch::nn::utils::clip_grad_norm_(params, 1.0);

@@ -1,5 +1,5 @@
 # Finds amp's dependencies: LibTorch (from the project's .venv unless told otherwise), the CUDA
-# toolkit, and fmt; then decides AMP_WITH_CUDA.
+# toolkit; then decides AMP_WITH_CUDA.
 include_guard(GLOBAL)
 
 # ---- LibTorch ----
@@ -57,8 +57,3 @@ if(AMP_WITH_CUDA)
   enable_language(CUDA)
 endif()
 message(STATUS "amp: LibTorch ${Torch_VERSION} at ${Torch_DIR}; AMP_WITH_CUDA=${AMP_WITH_CUDA}")
-
-# ---- fmt ----
-# Used header-only and privately (see docs/BUILD.md): nothing of fmt is exported from libamp, so
-# a downstream project's own fmt never meets ours.
-find_package(fmt REQUIRED)

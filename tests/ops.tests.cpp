@@ -181,8 +181,8 @@ TEST_CASE("Invalid arguments are refused with a sentence naming them", "[ops]") 
       Catch::Contains("grads[1] has dtype Int"));
   CHECK_THROWS_WITH(
       amp::non_finite_check_and_unscale_({g.to_sparse()}, found, scalar(1.0f)),
-      Catch::Contains("Could not run 'amp::non_finite_check_and_unscale_' with arguments from the "
-                      "'SparseCPU' backend"));
+      Catch::Contains("grads[0] has layout Sparse but must be strided (dense); unscale a sparse "
+                      "tensor's values() instead."));
   CHECK_THROWS_WITH(
       amp::non_finite_check_and_unscale_({g}, found, scalar(1.0f), torch::zeros({3})),
       Catch::Contains("per_tensor_found_inf must have one element per grad (1), but has 3"));
@@ -190,6 +190,18 @@ TEST_CASE("Invalid arguments are refused with a sentence naming them", "[ops]") 
   auto t = torch::zeros({1}, torch::kLong);
   CHECK_THROWS_WITH(amp::update_scale_(s, t, found, 2.0, 0.5, 10),
                     Catch::Contains("growth_tracker must be a Int tensor, but got dtype Long"));
+  auto tracker = torch::zeros({1}, torch::kInt);
+  CHECK_THROWS_WITH(amp::update_scale_(s, tracker, found, 2.0, 0.5, 10, std::nullopt, std::nullopt,
+                                       amp::ScaleUpdateExtensions{3}),
+                    Catch::Contains("hysteresis=3 needs the hysteresis_remaining tensor"));
+  CHECK_THROWS_WITH(amp::update_scale_(s, tracker, found, 2.0, 0.5, 10, std::nullopt,
+                                       torch::zeros({3}, torch::kInt)),
+                    Catch::Contains("counters must be a contiguous int64 tensor of 3 elements"));
+  CHECK_THROWS_WITH(
+      amp::update_scale_(s, tracker, found, 2.0, 0.5, 10, std::nullopt, std::nullopt,
+                         amp::ScaleUpdateExtensions{1, false, 4.0, 2.0}),
+      Catch::Contains(
+          "max_scale must be > 0 and >= min_scale, but got max_scale=2 and min_scale=4"));
   auto total = scalar(1.0f);
   CHECK_THROWS_WITH(amp::clip_unscaled_({g}, scalar(1.0f), total, -1.0),
                     Catch::Contains("max_norm must be > 0, but got -1"));
@@ -213,7 +225,7 @@ TEST_CASE("The scale update matches ATen's over random trajectories", "[ops]") {
 
 TEST_CASE("The extended update matches a tensor-op reference of the rule", "[ops]") {
   torch::manual_seed(5);
-  amp::ScaleUpdateOptions o;
+  amp_test::UpdateOptions o;
   o.growth_factor = 2.0;
   o.backoff_factor = 0.5;
   o.growth_interval = GENERATE(1, 3);
@@ -228,7 +240,7 @@ TEST_CASE("The extended update matches a tensor-op reference of the rule", "[ops
   auto c1 = torch::zeros({3}, torch::kLong), c2 = c1.clone();
   for (int step = 0; step < 80; ++step) {
     const auto found = torch::full({}, torch::rand({1}).item<float>() < 0.4f ? 1.0f : 0.0f);
-    amp::update_scale_extended_(s1, t1, h1, c1, found, o);
+    amp_test::update_scale_extended_(s1, t1, h1, c1, found, o);
     amp_test::reference_update_scale_extended_(s2, t2, h2, c2, found, o);
     INFO("step " << step);
     REQUIRE(same_bits(s1, s2));
@@ -243,10 +255,10 @@ TEST_CASE("With hysteresis 1 and no bounds the extended update equals ATen's", "
   auto t1 = torch::zeros({1}, torch::kInt), t2 = t1.clone();
   auto h = torch::ones({1}, torch::kInt);
   torch::Tensor no_counters;
-  amp::ScaleUpdateOptions o;
+  amp_test::UpdateOptions o;
   o.growth_interval = 2;
   for (float f : {0.f, 0.f, 0.f, 1.f, 0.f, 0.f, kNaN, 0.f}) {
-    amp::update_scale_extended_(s1, t1, h, no_counters, scalar(f), o);
+    amp_test::update_scale_extended_(s1, t1, h, no_counters, scalar(f), o);
     at::_amp_update_scale_(s2, t2, scalar(f), 2.0, 0.5, 2);
     REQUIRE(same_bits(s1, s2));
     REQUIRE(torch::equal(t1, t2));
@@ -305,7 +317,9 @@ TEST_CASE("Unscale and clip match unscale_ followed by clip_grad_norm_", "[ops]"
   auto found = zero_flag();
   std::vector<torch::Tensor> mine;
   for (auto& g : grads) mine.push_back(g.clone());
-  const auto total = amp::unscale_and_clip_(mine, found, scalar(1.0f / 4096.0f), max_norm);
+  const auto inv = scalar(1.0f / 4096.0f);
+  const auto total = std::get<0>(amp::unscale_norm(mine, found, inv));
+  amp::clip_unscaled_(mine, inv, total, max_norm);
 
   std::vector<torch::Tensor> ref_grads;
   for (auto& p : params) ref_grads.push_back(p.grad());
@@ -471,7 +485,7 @@ TEST_CASE("CUDA unscaling matches ATen at every size, dtype and non-finite posit
 TEST_CASE("The CUDA extended update matches the tensor-op reference of the rule", "[ops][cuda]") {
   torch::manual_seed(10);
   const auto on_cuda = torch::TensorOptions().device(torch::kCUDA);
-  amp::ScaleUpdateOptions o;
+  amp_test::UpdateOptions o;
   o.growth_interval = GENERATE(1, 3);
   o.hysteresis = GENERATE(1, 2);
   o.consecutive_hysteresis = GENERATE(false, true);
@@ -485,7 +499,7 @@ TEST_CASE("The CUDA extended update matches the tensor-op reference of the rule"
   for (int step = 0; step < 40; ++step) {
     const auto found =
         torch::full({}, torch::rand({1}).item<float>() < 0.4f ? 1.0f : 0.0f, on_cuda);
-    amp::update_scale_extended_(s1, t1, h1, c1, found, o);
+    amp_test::update_scale_extended_(s1, t1, h1, c1, found, o);
     amp_test::reference_update_scale_extended_(s2, t2, h2, c2, found, o);
     INFO("step " << step);
     REQUIRE(same_bits(s1.cpu(), s2.cpu()));

@@ -6,6 +6,9 @@
 #include <limits>
 
 #include <amp/grad_scaler.h>
+#include <amp/info.h>
+
+#include "scaler/validate.h"
 
 #include "scaler_helpers.h"
 
@@ -106,14 +109,44 @@ TEST_CASE("Setters validate like the constructor and keep the old value on error
   CHECK(scaler.get_growth_interval() == 5);
 }
 
-TEST_CASE("A CUDA scaler without CUDA warns and disables itself", "[scaler]") {
-  if (torch::cuda::is_available()) return;  // the case only exists on machines without a GPU
-  GradScaler scaler;                        // Python's default device is "cuda"
+namespace {
+class WarningCollector : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  std::vector<std::string> messages;
+};
+}  // namespace
+
+TEST_CASE("A CUDA scaler without CUDA warns and disables itself", "[scaler][no-gpu]") {
+  WarningCollector collector;
+  c10::WarningUtils::WarningHandlerGuard guard(&collector);
+  GradScaler scaler;  // Python's default device is "cuda"
+  // Python 2.14: "torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling."
+  REQUIRE(collector.messages.size() == 1);
+  CHECK_THAT(collector.messages[0],
+             Contains("GradScaler is enabled for CUDA, but CUDA is not available.  Disabling."));
   CHECK_FALSE(scaler.is_enabled());
+  CHECK_FALSE(scaler.options().enabled());
   CHECK(scaler.device_type() == c10::DeviceType::CUDA);
   CHECK(scaler.get_scale() == 1.0);
   GradScaler with_options(GradScalerOptions().init_scale(8.0));
   CHECK_FALSE(with_options.is_enabled());
+  CHECK(collector.messages.size() == 2);
+  // A scaler constructed disabled has nothing to warn about.
+  GradScaler disabled(GradScalerOptions().enabled(false));
+  CHECK(collector.messages.size() == 2);
+}
+
+TEST_CASE("A CUDA scaler is refused at construction by an amp built without CUDA kernels",
+          "[scaler]") {
+  // The check GradScaler's constructor runs when CUDA is available (this machine may have none).
+  CHECK_NOTHROW(amp::detail::check_cuda_kernels_built(true));
+  CHECK_THROWS_WITH(amp::detail::check_cuda_kernels_built(false),
+                    Contains("this build of amp has no CUDA kernels (it was configured with "
+                             "AMP_WITH_CUDA=OFF). Rebuild amp with -DAMP_WITH_CUDA=ON"));
+  if (torch::cuda::is_available() && !amp::built_with_cuda()) {
+    CHECK_THROWS_WITH(GradScaler(), Contains("AMP_WITH_CUDA=OFF"));
+  }
 }
 
 TEST_CASE("A disabled scaler is a pure pass-through", "[scaler]") {
@@ -218,6 +251,22 @@ TEST_CASE("The per-optimizer state machine refuses what Python refuses", "[scale
     scaler.unscale_(optimizer);
     CHECK_NOTHROW(scaler.update());
     CHECK(scaler.get_growth_tracker() == 1);
+  }
+  SECTION("stage() and found_inf_per_device() show the state machine to optimizers") {
+    CHECK(scaler.stage(optimizer) == amp::OptimizerStage::kReady);
+    CHECK(scaler.found_inf_per_device(optimizer).empty());
+    set_grad(param, torch::tensor({1.0f, INFINITY, 2.0f, 3.0f}));
+    scaler.unscale_(optimizer);
+    CHECK(scaler.stage(optimizer) == amp::OptimizerStage::kUnscaled);
+    const auto flags = scaler.found_inf_per_device(optimizer);
+    REQUIRE(flags.size() == 1);
+    CHECK(flags[0].first == torch::Device(torch::kCPU));
+    CHECK(flags[0].second.item<float>() == 1.0f);
+    CHECK_FALSE(scaler.step(optimizer).taken);
+    CHECK(scaler.stage(optimizer) == amp::OptimizerStage::kStepped);
+    scaler.update();
+    CHECK(scaler.stage(optimizer) == amp::OptimizerStage::kReady);
+    CHECK(scaler.found_inf_per_device(optimizer).empty());
   }
   SECTION("a closure is refused when enabled") {
     CHECK_THROWS_WITH(scaler.step(optimizer, [] { return torch::ones({}); }),

@@ -34,18 +34,21 @@ struct Loop {
 
 }  // namespace
 
-TEST_CASE("Extensions at their defaults follow torch.amp's trajectory exactly", "[scaler]") {
-  // hysteresis 1 with bounds that never bind goes through the extended update; it must agree
-  // with the plain one (ATen's kernel) bit for bit.
-  Loop plain(GradScalerOptions().init_scale(3.0).growth_interval(2).backoff_factor(0.3));
-  Loop extended(
-      GradScalerOptions().init_scale(3.0).growth_interval(2).backoff_factor(0.3).max_scale(1e30));
+TEST_CASE("Extensions that never bind follow torch.amp's trajectory exactly", "[scaler]") {
+  // A cap that is never reached and counters put the update on its extension arguments; the
+  // scale and tracker must still be ATen's _amp_update_scale_ (what Python's GradScaler runs),
+  // applied here directly to the same flags.
+  const auto options = GradScalerOptions().init_scale(3.0).growth_interval(2).backoff_factor(0.3);
+  Loop extended(GradScalerOptions(options).max_scale(1e30).track_counters(true));
+  auto scale = torch::full({}, 3.0f);
+  auto tracker = torch::zeros({}, torch::kInt);
   for (bool overflow : {false, false, true, false, true, true, false, false, false}) {
-    CHECK(plain.iterate(overflow) == extended.iterate(overflow));
-    CHECK(plain.scaler.scale_tensor().item<float>() ==
-          extended.scaler.scale_tensor().item<float>());
-    CHECK(plain.scaler.get_growth_tracker() == extended.scaler.get_growth_tracker());
+    CHECK(extended.iterate(overflow) == !overflow);
+    at::_amp_update_scale_(scale, tracker, torch::full({}, overflow ? 1.0f : 0.0f), 2.0, 0.3, 2);
+    CHECK(extended.scaler.scale_tensor().item<float>() == scale.item<float>());
+    CHECK(extended.scaler.get_growth_tracker() == tracker.item<int>());
   }
+  CHECK(extended.scaler.counters().steps_skipped == 3);
 }
 
 TEST_CASE(

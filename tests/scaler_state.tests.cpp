@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
+#include <string>
 
 #include <amp/grad_scaler.h>
 
@@ -59,19 +61,86 @@ int run_python(const std::string& args) {
 
 }  // namespace
 
-TEST_CASE("state_dict has Python's keys and value types", "[scaler][state]") {
+std::set<std::string> keys_of(const c10::Dict<std::string, c10::IValue>& dict) {
+  std::set<std::string> keys;
+  for (const auto& entry : dict) keys.insert(entry.key());
+  return keys;
+}
+
+TEST_CASE("A default scaler's state_dict has exactly Python's five keys and value types",
+          "[scaler][state]") {
   const auto scaler = trained_scaler();
   const auto dict = scaler.state_dict();
+  // torch.amp.GradScaler.state_dict() of torch 2.14 (the key set is also compared with Python's
+  // own in the file tests below).
+  CHECK(keys_of(dict) == std::set<std::string>{"scale", "growth_factor", "backoff_factor",
+                                               "growth_interval", "_growth_tracker"});
   CHECK(dict.at("scale").isDouble());
   CHECK(dict.at("scale").toDouble() == 256.0);
+  CHECK(dict.at("growth_factor").isDouble());
   CHECK(dict.at("growth_factor").toDouble() == 2.0);
+  CHECK(dict.at("backoff_factor").isDouble());
   CHECK(dict.at("backoff_factor").toDouble() == 0.5);
   CHECK(dict.at("growth_interval").isInt());
   CHECK(dict.at("growth_interval").toInt() == 2000);
   CHECK(dict.at("_growth_tracker").isInt());
   CHECK(dict.at("_growth_tracker").toInt() == 1);
-  CHECK(dict.at("_amp_format_version").toInt() == 1);
-  CHECK(dict.at("_amp_hysteresis").toInt() == 1);
+}
+
+TEST_CASE("A scaler using an extension adds the _amp_ keys to Python's five", "[scaler][state]") {
+  const auto with = [](GradScalerOptions options) {
+    return keys_of(trained_scaler(options.init_scale(1024.0)).state_dict());
+  };
+  const std::set<std::string> extended = {"scale",
+                                          "growth_factor",
+                                          "backoff_factor",
+                                          "growth_interval",
+                                          "_growth_tracker",
+                                          "_amp_format_version",
+                                          "_amp_hysteresis",
+                                          "_amp_consecutive_hysteresis",
+                                          "_amp_hysteresis_remaining",
+                                          "_amp_min_scale",
+                                          "_amp_max_scale"};
+  CHECK(with(GradScalerOptions().hysteresis(2)) == extended);
+  CHECK(with(GradScalerOptions().min_scale(1.0)) == extended);
+  CHECK(with(GradScalerOptions().max_scale(1e6)) == extended);
+  CHECK(with(GradScalerOptions().consecutive_hysteresis(true)) == extended);
+  auto counted = extended;
+  counted.insert({"_amp_steps_taken", "_amp_steps_skipped", "_amp_consecutive_skips"});
+  CHECK(with(GradScalerOptions().track_counters(true)) == counted);
+  // The options that only change what step() does on the host keep Python's five keys.
+  CHECK(with(GradScalerOptions().at_min_scale(amp::MinScalePolicy::kThrow)).size() == 5);
+}
+
+TEST_CASE("options() holds the values in use after setters and loads", "[scaler][state]") {
+  auto scaler = cpu_scaler(GradScalerOptions().init_scale(8.0).hysteresis(2));
+  scaler.set_growth_factor(3.0);
+  scaler.set_backoff_factor(0.25);
+  scaler.set_growth_interval(7);
+  CHECK(scaler.options().growth_factor() == 3.0);
+  CHECK(scaler.options().backoff_factor() == 0.25);
+  CHECK(scaler.options().growth_interval() == 7);
+  CHECK(scaler.options().init_scale() == 8.0);
+
+  // Python's load_state_dict makes the loaded scale the lazy-init scale (_init_scale).
+  scaler.load_state_dict(python_style_dict());
+  CHECK(scaler.options().init_scale() == 128.0);
+  CHECK(scaler.options().growth_factor() == 3.0);
+  CHECK(scaler.options().backoff_factor() == 0.25);
+  CHECK(scaler.options().growth_interval() == 5);
+  // A dict without _amp_ keys keeps this scaler's extensions.
+  CHECK(scaler.options().hysteresis() == 2);
+  CHECK(scaler.hysteresis_remaining() == 2);
+
+  auto dict = python_style_dict();
+  dict.insert("_amp_hysteresis", int64_t{4});
+  dict.insert("_amp_hysteresis_remaining", int64_t{3});
+  dict.insert("_amp_min_scale", 2.0);
+  scaler.load_state_dict(dict);
+  CHECK(scaler.options().hysteresis() == 4);
+  CHECK(scaler.hysteresis_remaining() == 3);
+  CHECK(scaler.options().min_scale() == 2.0);
 }
 
 TEST_CASE("A state dict round-trips into a fresh scaler, before and after lazy init",
@@ -107,7 +176,8 @@ TEST_CASE("An empty state dict is refused with Python's message", "[scaler][stat
 }
 
 TEST_CASE("A bad state dict throws and leaves the scaler exactly as it was", "[scaler][state]") {
-  auto scaler = trained_scaler();
+  // With an extension, so that its state is in the dicts compared below.
+  auto scaler = trained_scaler(GradScalerOptions().init_scale(1024.0).hysteresis(2));
   const auto before = scaler.state_dict();
   auto dict = python_style_dict();
   std::string expected;
@@ -154,6 +224,8 @@ TEST_CASE("A bad state dict throws and leaves the scaler exactly as it was", "[s
   CHECK(after.at("growth_factor").toDouble() == before.at("growth_factor").toDouble());
   CHECK(after.at("growth_interval").toInt() == before.at("growth_interval").toInt());
   CHECK(after.at("_amp_hysteresis").toInt() == before.at("_amp_hysteresis").toInt());
+  CHECK(after.at("_amp_hysteresis_remaining").toInt() ==
+        before.at("_amp_hysteresis_remaining").toInt());
 }
 
 TEST_CASE("A disabled scaler ignores load_state_dict, as in Python", "[scaler][state]") {
@@ -264,7 +336,36 @@ TEST_CASE("A state dict file from C++ loads in Python's torch.amp.GradScaler",
   auto scaler = trained_scaler(GradScalerOptions().init_scale(1024.0).growth_interval(7));
   scaler.set_growth_factor(3.0);
   scaler.save_state_dict(path.string());
-  CHECK(run_python("check " + path.string() + " 256.0 1 3.0 0.5 7") == 0);
+  // "exact": the file's keys must be the very keys Python's own state_dict() has.
+  CHECK(run_python("check " + path.string() + " 256.0 1 3.0 0.5 7 exact") == 0);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("An extended scaler's file loads in Python, which ignores the _amp_ keys",
+          "[scaler][state][python]") {
+  const auto path = temp_path("extended_to_python.pt");
+  auto scaler = trained_scaler(GradScalerOptions().init_scale(1024.0).hysteresis(3));
+  scaler.save_state_dict(path.string());
+  CHECK(run_python("check " + path.string() + " 1024.0 1 2.0 0.5 2000 extended") == 0);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("Python files with an int scale and int factors load in C++", "[scaler][state][python]") {
+  // Python's GradScaler(init_scale=1024, growth_factor=3) writes the ints it was given until
+  // its first scale() replaces the scale by a tensor's float.
+  const auto path = temp_path("ints_from_python.pt");
+  REQUIRE(run_python("write-ints " + path.string()) == 0);
+  auto scaler = cpu_scaler();
+  scaler.load_state_dict(path.string());
+  CHECK(scaler.get_scale() == 1024.0);
+  CHECK(scaler.options().init_scale() == 1024.0);
+  CHECK(scaler.get_growth_factor() == 3.0);
+  CHECK(scaler.get_backoff_factor() == 0.5);
+  CHECK(scaler.get_growth_interval() == 2000);
+  CHECK(scaler.get_growth_tracker() == 0);
+  // And the scale created by the next scale() is that int, as a float32 tensor.
+  const auto scaled = scaler.scale(torch::ones({}));
+  CHECK(scaled.item<float>() == 1024.0f);
   std::filesystem::remove(path);
 }
 

@@ -1,11 +1,11 @@
-// Umbrella header: everything public in amp.
+// Umbrella header: what a training loop needs (autocast, custom functions, GradScaler). The
+// low-level fused ops stay opt-in: include <amp/ops.h> for them.
 #pragma once
 
-#include <amp/version.h>
-#include <amp/export.h>
-#include <amp/info.h>
 #include <amp/autocast.h>
 #include <amp/autocast_policy.h>
 #include <amp/custom_function.h>
+#include <amp/export.h>
 #include <amp/grad_scaler.h>
-#include <amp/ops.h>
+#include <amp/info.h>
+#include <amp/version.h>

@@ -36,8 +36,11 @@ enum class MinScalePolicy {
 /// The first five equal torch.amp.GradScaler's arguments and defaults. The rest are extensions
 /// that are off by default, so a default scaler behaves bit for bit like Python's.
 /// Everything is validated when a GradScaler is constructed (only when enabled, as in Python).
+/// A GradScaler keeps its options as its configuration state: setters and loads write into them,
+/// so GradScaler::options() always holds the values in use.
 struct AMP_EXPORT GradScalerOptions {
-  /// Scale before the first update; finite and > 0.
+  /// Scale created by the first scale() call; finite and > 0. load_state_dict sets it to the
+  /// loaded scale, as Python does, since a scaler that has not scaled yet starts from it.
   TORCH_ARG(double, init_scale) = 65536.0;
   /// Factor applied after growth_interval consecutive clean steps; > 1.
   TORCH_ARG(double, growth_factor) = 2.0;
@@ -62,6 +65,17 @@ struct AMP_EXPORT GradScalerOptions {
   TORCH_ARG(MinScalePolicy, at_min_scale) = MinScalePolicy::kSkip;
   /// Extension: count steps taken, steps skipped and consecutive skips in device tensors.
   TORCH_ARG(bool, track_counters) = false;
+};
+
+/// Where an optimizer is in the current iteration (Python's OptState): unscale_ moves it from
+/// kReady to kUnscaled, step to kStepped, update() back to kReady.
+enum class OptimizerStage {
+  /// Nothing done yet in this iteration.
+  kReady,
+  /// Gradients unscaled (or checked, for optimizers that unscale themselves); flags recorded.
+  kUnscaled,
+  /// step() was called.
+  kStepped,
 };
 
 /// What GradScaler::step did.
@@ -95,8 +109,12 @@ struct AMP_EXPORT GradScalerCounters {
 class AMP_EXPORT GradScaler {
  public:
   /// A scaler for device type `device` ("cuda" by default, as in Python). A CUDA scaler created
-  /// while CUDA is unavailable warns and disables itself. Throws c10::Error when enabled and an
-  /// option is out of range (the message names the option, its value and the fix).
+  /// while CUDA is unavailable warns and disables itself (options().enabled() is then false).
+  /// amp's kernels cover CPU and CUDA; on other device types (XPU, MPS, HPU, PrivateUse1...) the
+  /// scaler runs ATen's _amp_* kernels of that device, as Python's does (without the update
+  /// extensions). Throws c10::Error when enabled and an option is out of range (the message names
+  /// the option, its value and the fix), and for a CUDA scaler on a machine with CUDA when this
+  /// amp was built without its CUDA kernels (AMP_WITH_CUDA=OFF).
   explicit GradScaler(c10::DeviceType device = c10::DeviceType::CUDA,
                       GradScalerOptions options = {});
   /// A CUDA scaler with the given options (Python's `GradScaler(init_scale=...)`).
@@ -137,8 +155,11 @@ class AMP_EXPORT GradScaler {
                                double eps = 1e-6);
 
   /// Unscales (unless unscale_ was called) and calls optimizer.step() only when no gradient was
-  /// inf/NaN. Returns whether the step was taken and the optimizer's return value. A closure is
-  /// refused when enabled (as in Python); when disabled it is passed to optimizer.step().
+  /// inf/NaN. Returns whether the step was taken and the optimizer's return value. When enabled a
+  /// closure is refused: the gradients were unscaled before the closure would recompute them, so
+  /// the optimizer would see freshly scaled gradients. (Python refuses `closure=` given by
+  /// keyword but passes a positional closure through to that broken outcome; C++ has one form,
+  /// and it is refused.) When disabled the closure is passed to optimizer.step().
   /// Throws when step() was already called for this optimizer before update(), before any
   /// scale(), when the optimizer has no gradients ("No inf checks were recorded ..."), and with
   /// MinScalePolicy::kThrow when gradients overflow at min_scale.
@@ -164,28 +185,39 @@ class AMP_EXPORT GradScaler {
   /// The 0-dim int32 growth tracker tensor (no sync); undefined before the first scale().
   const at::Tensor& growth_tracker_tensor() const { return growth_tracker_; }
 
-  /// Growth factor used by update(). The setter validates like the constructor (> 1).
-  double get_growth_factor() const { return growth_factor_; }
-  /// Sets the growth factor used by the next update() calls (options() keeps the original).
-  /// Errors: c10::Error when `new_factor` is not > 1.
+  /// Growth factor used by update(); the same as options().growth_factor().
+  double get_growth_factor() const { return options_.growth_factor(); }
+  /// Sets the growth factor used by the next update() calls (and options().growth_factor()).
+  /// Errors: c10::Error when `new_factor` is not > 1 (the constructor's check).
   void set_growth_factor(double new_factor);
-  /// Back-off factor used by update(). The setter validates like the constructor (in (0, 1)).
-  double get_backoff_factor() const { return backoff_factor_; }
-  /// Sets the back-off factor used by the next update() calls (options() keeps the original).
-  /// Errors: c10::Error when `new_factor` is not in (0, 1).
+  /// Back-off factor used by update(); the same as options().backoff_factor().
+  double get_backoff_factor() const { return options_.backoff_factor(); }
+  /// Sets the back-off factor used by the next update() calls (and options().backoff_factor()).
+  /// Errors: c10::Error when `new_factor` is not in (0, 1) (the constructor's check).
   void set_backoff_factor(double new_factor);
-  /// Growth interval used by update(). The setter validates like the constructor (>= 1).
-  int64_t get_growth_interval() const { return growth_interval_; }
-  /// Sets the growth interval used by the next update() calls (options() keeps the original).
-  /// Errors: c10::Error when `new_interval` is < 1.
+  /// Growth interval used by update(); the same as options().growth_interval().
+  int64_t get_growth_interval() const { return options_.growth_interval(); }
+  /// Sets the growth interval used by the next update() calls (and options().growth_interval()).
+  /// Errors: c10::Error when `new_interval` is < 1 (the constructor's check).
   void set_growth_interval(int64_t new_interval);
 
   /// Whether scaling is on (false when constructed disabled or CUDA was unavailable).
-  bool is_enabled() const { return enabled_; }
+  bool is_enabled() const { return options_.enabled(); }
   /// The device type given at construction.
   c10::DeviceType device_type() const { return device_type_; }
-  /// The options this scaler was built with (extension options included).
+  /// The options in use: those given at construction as changed since by the setters and by
+  /// load_state_dict (which also sets init_scale to the loaded scale, as Python does).
   const GradScalerOptions& options() const { return options_; }
+
+  /// Where `optimizer` is in the current iteration (kReady for an optimizer not seen since the
+  /// last update()). For optimizer subclasses and fused optimizers that cooperate with the scaler.
+  OptimizerStage stage(const torch::optim::Optimizer& optimizer) const;
+  /// The inf/NaN flags recorded for `optimizer` in this iteration by unscale_, step or
+  /// check_inf_per_device: one 0-dim float32 device tensor per device of its gradients (1.0 when
+  /// that device's gradients held an inf/NaN); empty before any of them. No sync. Python's
+  /// GradScaler._found_inf_per_device.
+  std::vector<std::pair<c10::Device, at::Tensor>> found_inf_per_device(
+      const torch::optim::Optimizer& optimizer) const;
 
   /// Extension counters (requires track_counters(true)); one sync to read them. Throws when
   /// counters are not tracked.
@@ -199,13 +231,18 @@ class AMP_EXPORT GradScaler {
   std::vector<std::pair<c10::Device, at::Tensor>> check_inf_per_device(
       torch::optim::Optimizer& optimizer);
 
-  /// The state in Python's format: {"scale": float, "growth_factor": float, "backoff_factor":
-  /// float, "growth_interval": int, "_growth_tracker": int} plus extension keys prefixed
-  /// "_amp_" (Python ignores them); empty when disabled. Reads the scale (a sync).
+  /// The state in Python's format: exactly Python's five keys {"scale": float, "growth_factor":
+  /// float, "backoff_factor": float, "growth_interval": int, "_growth_tracker": int}; a scaler
+  /// using an extension (hysteresis, bounds, counters) adds keys prefixed "_amp_", which Python's
+  /// load_state_dict ignores. Empty when disabled. Reads the scale (a sync).
   c10::Dict<std::string, c10::IValue> state_dict() const;
-  /// Loads a state dict from Python or from state_dict(); a no-op when disabled. All or nothing:
-  /// an empty dict, a missing key, a wrong type, a non-finite or non-positive scale, an invalid
-  /// factor or interval, or a newer format version throws and leaves the scaler unchanged.
+  /// Loads a state dict from Python or from state_dict(); a no-op when disabled. Ints are accepted
+  /// where floats are stored, as Python writes them (`GradScaler(init_scale=1024)` saves an int
+  /// scale before its first scale()). The loaded values become the options in use (init_scale =
+  /// the loaded scale); `_amp_*` keys that are absent keep this scaler's extension options. All
+  /// or nothing: an empty dict, a missing key, a wrong type, a non-finite or non-positive scale,
+  /// an invalid factor or interval, or a newer format version throws and leaves the scaler
+  /// unchanged.
   void load_state_dict(const c10::Dict<std::string, c10::IValue>& state_dict);
   /// Same, for a generic dict as returned by torch::pickle_load (keys must be strings).
   void load_state_dict(const c10::impl::GenericDict& state_dict);
@@ -225,14 +262,17 @@ class AMP_EXPORT GradScaler {
   void load(torch::serialize::InputArchive& archive);
 
  private:
-  enum class Stage { kReady, kUnscaled, kStepped };
   struct OptimizerState {
-    Stage stage = Stage::kReady;
+    OptimizerStage stage = OptimizerStage::kReady;
     std::vector<std::pair<c10::Device, at::Tensor>> found_inf_per_device;
   };
 
   void lazy_init(const c10::Device& device);
   void check_initialized(const char* funcname) const;
+  // unscale_'s and unscale_and_clip_'s stage checks; returns the optimizer's state to record in.
+  OptimizerState& begin_unscale(const torch::optim::Optimizer& optimizer);
+  // 1 / scale, formed in double and rounded once to float32, as Python does.
+  at::Tensor inv_scale() const;
   // The defined gradients of `optimizer` grouped by device; sparse ones are refused when
   // dense_only_caller names the calling method.
   std::vector<std::pair<c10::Device, std::vector<at::Tensor>>> gradients_by_device(
@@ -241,23 +281,20 @@ class AMP_EXPORT GradScaler {
                                                                 const at::Tensor& inv_scale,
                                                                 const at::Tensor& found_inf,
                                                                 bool allow_fp16);
-  bool uses_extended_update() const;
+  // Whether any extension of the update (hysteresis, bounds) or the counters is on.
+  bool uses_extensions() const;
 
   c10::DeviceType device_type_;
+  // The configuration in use (see options()).
   GradScalerOptions options_;
-  bool enabled_;
-  double init_scale_;
+  // State that lazy_init turns into tensors; load_state_dict sets it before lazy init.
   int64_t init_growth_tracker_ = 0;
-  double growth_factor_;
-  double backoff_factor_;
-  int64_t growth_interval_;
-  // Extension state before lazy init (restored by load_state_dict, like init_scale_).
   int64_t init_hysteresis_remaining_;
   GradScalerCounters init_counters_;
 
   at::Tensor scale_;                 // 0-dim float32
   at::Tensor growth_tracker_;        // 0-dim int32
-  at::Tensor hysteresis_remaining_;  // 0-dim int32, only with the extended update
+  at::Tensor hysteresis_remaining_;  // 0-dim int32, only with hysteresis > 1
   at::Tensor counters_;              // int64 [taken, skipped, consecutive], only with counters
   // Keyed by optimizer identity, as Python keys by id(optimizer).
   std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_states_;

@@ -1,5 +1,6 @@
-// amp's fused gradient operations (unscale, scale update, unscale + norm for clipping), also
-// registered with the PyTorch dispatcher as torch.ops.amp.*.
+// amp's fused gradient operations (non-finite check + unscale, scale update, unscale + norm and
+// clip), also registered with the PyTorch dispatcher as torch.ops.amp.*. Opt-in: amp/amp.h does
+// not include this header.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +17,10 @@ namespace amp {
 
 /// Checks a list of gradients for non-finite values and unscales them in place, in one read and
 /// one write per element. Bit-identical to ATen's _amp_foreach_non_finite_check_and_unscale_ on
-/// finite values: float16/bfloat16/float32 are multiplied in float32, float64 in float64.
+/// finite values: float16/bfloat16/float32 are multiplied in float32, float64 in float64. Values
+/// are checked in their own precision on every device: a float64 1e300 is finite (ATen's CUDA
+/// kernel, which checks in float32, flags it; its CPU kernel does not).
+/// Stable: name, arguments and results are kept across minor versions.
 /// Args: grads: strided floating tensors (any mix of float32, float16, bfloat16, float64) on one
 ///         device; empty lists and empty tensors are fine.
 ///       found_inf: 1-element float32 tensor on the grads' device; set to 1.0 (a plain store) when
@@ -26,30 +30,18 @@ namespace amp {
 ///       per_tensor_found_inf: opt-in overflow attribution: a float32 tensor of grads.size()
 ///         elements on the grads' device; element i is set to 1.0 when grads[i] held a non-finite
 ///         value (never reset).
+/// Devices: amp's kernels on CPU and CUDA; on any other device the op runs ATen's
+///   _amp_foreach_non_finite_check_and_unscale_ for that device (as Python's GradScaler does).
 /// Errors: c10::Error naming the offending argument (device, dtype, element count, layout).
 AMP_EXPORT void non_finite_check_and_unscale_(
     at::TensorList grads, at::Tensor& found_inf, const at::Tensor& inv_scale,
     const std::optional<at::Tensor>& per_tensor_found_inf = std::nullopt);
 
-/// torch.amp's scale update on the scale's device (no host sync), bit-identical to ATen's
-/// _amp_update_scale_: back off by backoff_factor when found_inf != 0, else count a clean step and
-/// multiply by growth_factor (only to a finite value) every growth_interval clean steps.
-/// Args: scale: 1-element float32; growth_tracker: 1-element int32; found_inf: 1-element float32;
-///       all on one device. Products are formed in double and rounded to float32.
-/// Errors: c10::Error naming the argument with a wrong dtype, element count or device.
-AMP_EXPORT void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker,
-                              const at::Tensor& found_inf, double growth_factor,
-                              double backoff_factor, int64_t growth_interval);
-
-/// Parameters of the extended scale update (GradScalerOptions' extensions).
-struct ScaleUpdateOptions {
-  /// Factor applied every growth_interval clean steps.
-  double growth_factor = 2.0;
-  /// Factor applied when backing off.
-  double backoff_factor = 0.5;
-  /// Clean steps between growths.
-  int64_t growth_interval = 2000;
-  /// Overflowing steps tolerated before backing off; the allowance refills to this value.
+/// The extensions of the scale update (GradScalerOptions' hysteresis and bounds); the defaults
+/// give torch.amp's rule.
+struct ScaleUpdateExtensions {
+  /// Overflowing steps tolerated before backing off (>= 1); the allowance refills to this value.
+  /// Above 1 the update needs a hysteresis_remaining tensor.
   int64_t hysteresis = 1;
   /// Refill the allowance after every clean step instead of after each growth.
   bool consecutive_hysteresis = false;
@@ -59,22 +51,34 @@ struct ScaleUpdateOptions {
   double max_scale = std::numeric_limits<double>::infinity();
 };
 
-/// The scale update with hysteresis, min/max bounds and step counters, on the device (no sync).
-/// With hysteresis 1 and no bounds it equals update_scale_ bit for bit.
-/// Args: scale (1-element float32), growth_tracker and hysteresis_remaining (1-element int32),
-///       counters (undefined, or 3-element int64 [steps taken, steps skipped, consecutive skips]
-///       advanced by this iteration), found_inf (1-element float32); all on one device.
+/// The scale update on the scale's device (no host sync). With the default extensions it is
+/// torch.amp's rule, bit-identical to ATen's _amp_update_scale_: back off by backoff_factor when
+/// found_inf != 0, else count a clean step and multiply by growth_factor (only to a finite value)
+/// every growth_interval clean steps. Products are formed in double and rounded to float32.
+/// Stable without the optional arguments; the extensions may still change.
+/// Args: scale: 1-element float32; growth_tracker: 1-element int32; found_inf: 1-element float32;
+///       all on one device.
+///       hysteresis_remaining: 1-element int32, the allowance carried between updates; required
+///         when extensions.hysteresis > 1.
+///       counters: 3-element int64 [steps taken, steps skipped, consecutive skips], advanced by
+///         this update.
+///       extensions: hysteresis and min/max bounds (see ScaleUpdateExtensions).
+/// Devices: amp's kernels on CPU and CUDA; elsewhere ATen's _amp_update_scale_ (then only
+///   without extensions and counters).
 /// Errors: c10::Error naming the argument with a wrong dtype, element count or device, or an
-///         option out of range (growth_interval or hysteresis < 1).
-AMP_EXPORT void update_scale_extended_(at::Tensor& scale, at::Tensor& growth_tracker,
-                                       at::Tensor& hysteresis_remaining, at::Tensor& counters,
-                                       const at::Tensor& found_inf,
-                                       const ScaleUpdateOptions& options);
+///   option out of range.
+AMP_EXPORT void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker,
+                              const at::Tensor& found_inf, double growth_factor,
+                              double backoff_factor, int64_t growth_interval,
+                              const std::optional<at::Tensor>& hysteresis_remaining = std::nullopt,
+                              const std::optional<at::Tensor>& counters = std::nullopt,
+                              const ScaleUpdateExtensions& extensions = {});
 
 /// Reads a list of (scaled) gradients once and returns the L2 norm of the unscaled gradients
 /// (grad * inv_scale) without writing them, and sets found_inf as non_finite_check_and_unscale_
-/// does. Squares are accumulated in float64, so finite gradients whose float32 sum of squares
-/// would overflow still give a finite norm.
+/// does. Squares are accumulated in float64 in a fixed order (the same bits on every run), so
+/// finite gradients whose float32 sum of squares would overflow still give a finite norm.
+/// Experimental: may change in a minor version.
 /// Args: grads, found_inf, inv_scale: as in non_finite_check_and_unscale_.
 ///       per_tensor: also return each tensor's norm.
 /// Returns: (total_norm: 0-dim float32 on the grads' device, per_tensor_norms: float32 tensor of
@@ -87,18 +91,13 @@ AMP_EXPORT std::tuple<at::Tensor, at::Tensor> unscale_norm(at::TensorList grads,
 
 /// Writes each gradient once: grad * (inv_scale * clip_coef) with clip_coef =
 /// min(max_norm / (total_norm + eps), 1) computed in float32 on the device (no sync), the clip
-/// torch::nn::utils::clip_grad_norm_ applies. Use after unscale_norm; together they read the
-/// gradients twice and write them once.
+/// torch::nn::utils::clip_grad_norm_ applies. After unscale_norm the two read the gradients twice
+/// and write them once (GradScaler::unscale_and_clip_ is built on them).
+/// Experimental: may change in a minor version.
 /// Args: grads: as in non_finite_check_and_unscale_; inv_scale: 1-element float32;
 ///       total_norm: 1-element float32 (unscale_norm's first result); max_norm > 0; eps >= 0.
 /// Errors: c10::Error naming the argument that is invalid.
 AMP_EXPORT void clip_unscaled_(at::TensorList grads, const at::Tensor& inv_scale,
                                const at::Tensor& total_norm, double max_norm, double eps = 1e-6);
-
-/// Unscale + clip in one call: unscale_norm followed by clip_unscaled_.
-/// Returns: the total norm of the unscaled gradients (0-dim float32, before clipping).
-AMP_EXPORT at::Tensor unscale_and_clip_(at::TensorList grads, at::Tensor& found_inf,
-                                        const at::Tensor& inv_scale, double max_norm,
-                                        double eps = 1e-6);
 
 }  // namespace amp

@@ -1,48 +1,26 @@
-// The scale update rules on plain scalars, shared by the CPU kernels and the CUDA kernels.
+// The scale update rule on plain scalars: the one definition the CPU and CUDA kernels apply.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define AMP_HOST_DEVICE __host__ __device__
-#else
-#define AMP_HOST_DEVICE
-#endif
+#include "ops/kernel_common.h"
 
 namespace amp::detail {
 
-/// Scalars of the extended update, as plain values a kernel can take by value.
-struct ExtendedRule {
+/// The update's scalar arguments, as plain values a kernel can take by value.
+struct UpdateRule {
   double growth_factor;
   double backoff_factor;
   int64_t growth_interval;
+  /// Overflowing steps tolerated before a back-off (1: torch.amp's rule).
   int32_t hysteresis;
   bool consecutive_hysteresis;
+  /// Floor of a backed-off scale; 0 means none.
   double min_scale;
+  /// Cap of a grown scale; infinity means none.
   double max_scale;
 };
-
-/// torch.amp's update: *scale and *tracker in place from found_inf (NaN counts as found, as a
-/// C++ truth test of a float does in ATen). Products are formed in double and rounded once.
-inline AMP_HOST_DEVICE void apply_update_rule(float* scale, int32_t* tracker, float found_inf,
-                                              double growth_factor, double backoff_factor,
-                                              int64_t growth_interval) {
-  if (found_inf != 0.0f) {
-    *scale = static_cast<float>(*scale * backoff_factor);
-    *tracker = 0;
-    return;
-  }
-  const int32_t successful = *tracker + 1;
-  if (successful == growth_interval) {
-    const float candidate = static_cast<float>(*scale * growth_factor);
-    // Never grow to inf: a scale that can no longer grow stays where it is.
-    if (std::isfinite(candidate)) *scale = candidate;
-    *tracker = 0;
-  } else {
-    *tracker = successful;
-  }
-}
 
 /// NaN-propagating max/min with a float bound, as ATen's clamp_min/clamp_max on float tensors.
 inline AMP_HOST_DEVICE float clamp_below(float value, float bound) {
@@ -52,13 +30,19 @@ inline AMP_HOST_DEVICE float clamp_above(float value, float bound) {
   return std::isnan(value) ? value : (value > bound ? bound : value);
 }
 
-/// The extended update (hysteresis, min/max, counters); with hysteresis 1 and no bounds it equals
-/// apply_update_rule. counters may be null, else [taken, skipped, consecutive skips].
-inline AMP_HOST_DEVICE void apply_extended_rule(float* scale, int32_t* tracker, int32_t* remaining,
-                                                int64_t* counters, float found_inf,
-                                                const ExtendedRule& rule) {
+/// Updates *scale and *tracker in place from found_inf (NaN counts as found, as a C++ truth test
+/// of a float does in ATen); products are formed in double and rounded once to float32.
+/// With hysteresis 1 and no bounds this is torch.amp's rule (ATen's _amp_update_scale_): back off
+/// on an overflow, else count a clean step and grow, only to a finite value, every
+/// growth_interval clean steps. `remaining` (the hysteresis allowance) may be null when
+/// rule.hysteresis is 1; `counters` may be null, else [steps taken, steps skipped, consecutive
+/// skips], advanced here so that the counting rule lives in one place.
+inline AMP_HOST_DEVICE void apply_update_rule(float* scale, int32_t* tracker, int32_t* remaining,
+                                              int64_t* counters, float found_inf,
+                                              const UpdateRule& rule) {
   const bool found = found_inf != 0.0f;
-  int32_t left = found ? *remaining - 1 : *remaining;
+  const int32_t allowance = remaining != nullptr ? *remaining : 1;
+  int32_t left = found ? allowance - 1 : allowance;
   if (left < 0) left = 0;
   // Only an exhausted allowance backs off; an overflow within it just spends one unit.
   const bool back_off = found && left <= 0;
@@ -80,8 +64,10 @@ inline AMP_HOST_DEVICE void apply_extended_rule(float* scale, int32_t* tracker, 
   }
   *scale = next;
   *tracker = (found || grow) ? 0 : successful;
-  const bool refill = rule.consecutive_hysteresis ? !found : grow;
-  *remaining = refill ? rule.hysteresis : left;
+  if (remaining != nullptr) {
+    const bool refill = rule.consecutive_hysteresis ? !found : grow;
+    *remaining = refill ? rule.hysteresis : left;
+  }
   if (counters != nullptr) {
     const int64_t skipped = found ? 1 : 0;
     counters[0] += 1 - skipped;

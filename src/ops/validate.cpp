@@ -1,22 +1,14 @@
-// Input checks shared by amp's ops (see validate.h).
+// Input checks of amp's ops (see validate.h).
 #include "ops/validate.h"
 
+#include <cmath>
+#include <limits>
+
+#include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
 namespace amp::detail {
-
-ElemType elem_type(c10::ScalarType dtype) {
-  switch (dtype) {
-    case at::kHalf:
-      return ElemType::kHalf;
-    case at::kBFloat16:
-      return ElemType::kBFloat16;
-    case at::kDouble:
-      return ElemType::kDouble;
-    default:
-      return ElemType::kFloat;
-  }
-}
+namespace {
 
 void check_scalar_tensor(const char* op, const char* name, const at::Tensor& tensor,
                          c10::ScalarType dtype, c10::Device device) {
@@ -43,51 +35,60 @@ void check_grads(const char* op, at::TensorList grads, c10::Device device) {
         dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kDouble,
         op, ": grads[", i, "] has dtype ", dtype, " but must be Float, Half, BFloat16 or Double.");
     TORCH_CHECK(g.device() == device, op, ": grads[", i, "] is on ", g.device(),
-                " but found_inf and inv_scale are on ", device,
+                " but the other tensor arguments are on ", device,
                 "; all grads must be on one device with them (group grads by device).");
   }
 }
 
-void check_per_tensor_output(const char* op, const char* name, const at::Tensor& out, int64_t count,
-                             c10::Device device) {
-  TORCH_CHECK(out.scalar_type() == at::kFloat, op, ": ", name,
-              " must be a float32 tensor, but got dtype ", out.scalar_type(), ".");
-  TORCH_CHECK(out.numel() == count, op, ": ", name, " must have one element per grad (", count,
-              "), but has ", out.numel(), ".");
-  TORCH_CHECK(out.is_contiguous(), op, ": ", name, " must be contiguous; pass a fresh tensor.");
-  TORCH_CHECK(out.device() == device, op, ": ", name, " is on ", out.device(),
-              " but must be on the grads' device ", device, ".");
-}
+}  // namespace
 
 void check_unscale_args(const char* op, at::TensorList grads, const at::Tensor& found_inf,
-                        const at::Tensor& inv_scale, const at::Tensor* per_tensor) {
+                        const at::Tensor& inv_scale, const std::optional<at::Tensor>& per_tensor) {
   TORCH_CHECK(found_inf.defined(), op,
-              ": found_inf is an undefined tensor; pass a 1-element "
-              "float32 tensor holding 0.");
+              ": found_inf is an undefined tensor; pass a 1-element float32 tensor holding 0.");
   const c10::Device device = found_inf.device();
   check_scalar_tensor(op, "found_inf", found_inf, at::kFloat, device);
   check_scalar_tensor(op, "inv_scale", inv_scale, at::kFloat, device);
   check_grads(op, grads, device);
-  if (per_tensor) {
-    check_per_tensor_output(op, "per_tensor_found_inf", *per_tensor,
-                            static_cast<int64_t>(grads.size()), device);
-  }
+  if (!per_tensor) return;
+  const at::Tensor& out = *per_tensor;
+  const auto count = static_cast<int64_t>(grads.size());
+  TORCH_CHECK(out.scalar_type() == at::kFloat, op,
+              ": per_tensor_found_inf must be a float32 tensor, but got dtype ", out.scalar_type(),
+              ".");
+  TORCH_CHECK(out.numel() == count, op, ": per_tensor_found_inf must have one element per grad (",
+              count, "), but has ", out.numel(), ".");
+  TORCH_CHECK(out.is_contiguous(), op,
+              ": per_tensor_found_inf must be contiguous; pass a fresh tensor.");
+  TORCH_CHECK(out.device() == device, op, ": per_tensor_found_inf is on ", out.device(),
+              " but must be on the grads' device ", device, ".");
 }
 
-void check_update_args(const char* op, const at::Tensor& scale, const at::Tensor& growth_tracker,
-                       const at::Tensor& found_inf, int64_t growth_interval,
-                       const at::Tensor* hysteresis_remaining, const at::Tensor* counters) {
-  TORCH_CHECK(scale.defined(), op,
-              ": scale is an undefined tensor; pass a 1-element float32 "
+UpdateRule check_update_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                             const at::Tensor& found_inf, double growth_factor,
+                             double backoff_factor, int64_t growth_interval,
+                             const std::optional<at::Tensor>& hysteresis_remaining,
+                             const std::optional<at::Tensor>& counters, int64_t hysteresis,
+                             bool consecutive_hysteresis, double min_scale,
+                             std::optional<double> max_scale) {
+  const char* op = "amp::update_scale_";
+  TORCH_CHECK(scale.defined(), op, ": scale is an undefined tensor; pass a 1-element float32 ",
               "tensor.");
   const c10::Device device = scale.device();
   check_scalar_tensor(op, "scale", scale, at::kFloat, device);
   check_scalar_tensor(op, "growth_tracker", growth_tracker, at::kInt, device);
   check_scalar_tensor(op, "found_inf", found_inf, at::kFloat, device);
+  // Larger than int32 is allowed, as in ATen: the int32 tracker then never reaches it.
   TORCH_CHECK(growth_interval >= 1, op, ": growth_interval must be >= 1, but got ", growth_interval,
               ".");
+  TORCH_CHECK(hysteresis >= 1 && hysteresis <= std::numeric_limits<int32_t>::max(), op,
+              ": hysteresis must be in [1, 2^31), but got ", hysteresis, ".");
   if (hysteresis_remaining) {
     check_scalar_tensor(op, "hysteresis_remaining", *hysteresis_remaining, at::kInt, device);
+  } else {
+    TORCH_CHECK(hysteresis == 1, op, ": hysteresis=", hysteresis,
+                " needs the hysteresis_remaining tensor (1-element int32) that carries the "
+                "allowance from one update to the next; pass it, or hysteresis=1.");
   }
   if (counters) {
     TORCH_CHECK(
@@ -99,30 +100,26 @@ void check_update_args(const char* op, const at::Tensor& scale, const at::Tensor
     TORCH_CHECK(counters->device() == device, op, ": counters is on ", counters->device(),
                 " but must be on ", device, " with scale; move it there.");
   }
+  const double cap = max_scale.value_or(std::numeric_limits<double>::infinity());
+  TORCH_CHECK(std::isfinite(min_scale) && min_scale >= 0.0, op,
+              ": min_scale must be finite and >= 0, but got ", min_scale, ".");
+  TORCH_CHECK(cap > 0.0 && min_scale <= cap, op,
+              ": max_scale must be > 0 and >= min_scale, but got max_scale=", cap,
+              " and min_scale=", min_scale, ".");
+  return UpdateRule{growth_factor,
+                    backoff_factor,
+                    growth_interval,
+                    static_cast<int32_t>(hysteresis),
+                    consecutive_hysteresis,
+                    min_scale,
+                    cap};
 }
 
-ExtendedRule check_extended_update_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                                        const at::Tensor& hysteresis_remaining,
-                                        const std::optional<at::Tensor>& counters,
-                                        const at::Tensor& found_inf, double growth_factor,
-                                        double backoff_factor, int64_t growth_interval,
-                                        int64_t hysteresis, bool consecutive_hysteresis,
-                                        double min_scale, double max_scale) {
-  const char* op = "amp::update_scale_extended_";
-  check_update_args(op, scale, growth_tracker, found_inf, growth_interval, &hysteresis_remaining,
-                    counters ? &*counters : nullptr);
-  TORCH_CHECK(hysteresis >= 1 && hysteresis <= INT32_MAX, op,
-              ": hysteresis must be in [1, 2^31), but got ", hysteresis, ".");
-  return ExtendedRule{
-      growth_factor,          backoff_factor, growth_interval, static_cast<int32_t>(hysteresis),
-      consecutive_hysteresis, min_scale,      max_scale};
-}
-
-void check_clip_args(const char* op, at::TensorList grads, const at::Tensor& inv_scale,
+void check_clip_args(at::TensorList grads, const at::Tensor& inv_scale,
                      const at::Tensor& total_norm, double max_norm, double eps) {
+  const char* op = "amp::clip_unscaled_";
   TORCH_CHECK(inv_scale.defined(), op,
-              ": inv_scale is an undefined tensor; pass a 1-element "
-              "float32 tensor.");
+              ": inv_scale is an undefined tensor; pass a 1-element float32 tensor.");
   const c10::Device device = inv_scale.device();
   check_scalar_tensor(op, "inv_scale", inv_scale, at::kFloat, device);
   check_scalar_tensor(op, "total_norm", total_norm, at::kFloat, device);

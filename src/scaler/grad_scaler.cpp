@@ -5,7 +5,9 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
-#include "scaler/scaler_ops.h"
+#include <amp/info.h>
+#include <amp/ops.h>
+
 #include "scaler/validate.h"
 
 namespace amp {
@@ -41,35 +43,37 @@ GradScaler::GradScaler(GradScalerOptions options)
 GradScaler::GradScaler(c10::DeviceType device, GradScalerOptions options)
     : device_type_(device),
       options_(std::move(options)),
-      enabled_(options_.enabled()),
-      init_scale_(options_.init_scale()),
-      growth_factor_(options_.growth_factor()),
-      backoff_factor_(options_.backoff_factor()),
-      growth_interval_(options_.growth_interval()),
       init_hysteresis_remaining_(options_.hysteresis()) {
-  if (device_type_ == c10::DeviceType::CUDA && enabled_ && !at::hasCUDA()) {
-    TORCH_WARN("amp::GradScaler is enabled for CUDA, but CUDA is not available.  Disabling.");
-    enabled_ = false;
+  if (device_type_ == c10::DeviceType::CUDA && options_.enabled()) {
+    if (!at::hasCUDA()) {
+      TORCH_WARN("amp::GradScaler is enabled for CUDA, but CUDA is not available.  Disabling.");
+      options_.enabled(false);
+    } else {
+      detail::check_cuda_kernels_built(built_with_cuda());
+    }
   }
-  if (!enabled_) return;
-  detail::check_init_scale(init_scale_);
-  detail::check_growth_factor(growth_factor_);
-  detail::check_backoff_factor(backoff_factor_);
-  detail::check_growth_interval(growth_interval_);
+  if (!options_.enabled()) return;
+  detail::check_init_scale(options_.init_scale());
+  detail::check_growth_factor(options_.growth_factor());
+  detail::check_backoff_factor(options_.backoff_factor());
+  detail::check_growth_interval(options_.growth_interval());
   detail::check_extension_options(options_.hysteresis(), options_.min_scale(), options_.max_scale(),
-                                  init_scale_);
+                                  options_.init_scale());
 }
 
-bool GradScaler::uses_extended_update() const {
-  return options_.hysteresis() > 1 || options_.min_scale() > 0.0 ||
-         options_.max_scale() < std::numeric_limits<double>::infinity();
+bool GradScaler::uses_extensions() const {
+  return options_.hysteresis() > 1 || options_.consecutive_hysteresis() ||
+         options_.min_scale() > 0.0 ||
+         options_.max_scale() < std::numeric_limits<double>::infinity() ||
+         options_.track_counters();
 }
 
 void GradScaler::lazy_init(const c10::Device& device) {
-  scale_ = at::full({}, init_scale_, at::TensorOptions().dtype(at::kFloat).device(device));
+  scale_ =
+      at::full({}, options_.init_scale(), at::TensorOptions().dtype(at::kFloat).device(device));
   growth_tracker_ =
       at::full({}, init_growth_tracker_, at::TensorOptions().dtype(at::kInt).device(device));
-  if (uses_extended_update()) {
+  if (options_.hysteresis() > 1) {
     hysteresis_remaining_ = at::full({}, init_hysteresis_remaining_,
                                      at::TensorOptions().dtype(at::kInt).device(device));
   }
@@ -89,7 +93,7 @@ void GradScaler::check_initialized(const char* funcname) const {
 }
 
 at::Tensor GradScaler::scale(const at::Tensor& outputs) {
-  if (!enabled_) return outputs;
+  if (!options_.enabled()) return outputs;
   TORCH_CHECK(outputs.defined(),
               "outputs must be a Tensor or an iterable of Tensors. GradScaler::scale got an "
               "undefined tensor; pass the loss (or the outputs) to scale.");
@@ -98,7 +102,7 @@ at::Tensor GradScaler::scale(const at::Tensor& outputs) {
 }
 
 std::vector<at::Tensor> GradScaler::scale(const std::vector<at::Tensor>& outputs) {
-  if (!enabled_) return outputs;
+  if (!options_.enabled()) return outputs;
   std::vector<at::Tensor> scaled;
   scaled.reserve(outputs.size());
   std::optional<PerDeviceCopies> copies;
@@ -159,9 +163,24 @@ std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::unscale_grads(
   for (auto& [device, grads] : gradients_by_device(optimizer, allow_fp16, nullptr)) {
     // A reference into the cache: the seam writes the flag into that very tensor.
     at::Tensor found = per_device_found_inf.get(device);
-    detail::non_finite_check_and_unscale_(grads, found, per_device_inv_scale.get(device));
+    amp::non_finite_check_and_unscale_(grads, found, per_device_inv_scale.get(device));
   }
   return per_device_found_inf.take();
+}
+
+GradScaler::OptimizerState& GradScaler::begin_unscale(const torch::optim::Optimizer& optimizer) {
+  check_initialized("unscale_");
+  OptimizerState& state = per_optimizer_states_[&optimizer];
+  TORCH_CHECK(state.stage != OptimizerStage::kUnscaled,
+              "unscale_() has already been called on this optimizer since the last update().");
+  TORCH_CHECK(state.stage != OptimizerStage::kStepped, "unscale_() is being called after step().");
+  return state;
+}
+
+at::Tensor GradScaler::inv_scale() const {
+  // In double, rounded once to float32, as Python does (fp32 division can be imprecise under
+  // some compile options).
+  return scale_.to(at::kDouble).reciprocal().to(at::kFloat);
 }
 
 at::Tensor GradScaler::unscale_and_clip_(torch::optim::Optimizer& optimizer, double max_norm,
@@ -172,67 +191,52 @@ at::Tensor GradScaler::unscale_and_clip_(torch::optim::Optimizer& optimizer, dou
   TORCH_CHECK(std::isfinite(eps) && eps >= 0.0,
               "GradScaler::unscale_and_clip_: eps must be finite and >= 0. Got eps=", eps,
               "; the default 1e-6 matches torch::nn::utils::clip_grad_norm_.");
-  OptimizerState* state = nullptr;
-  at::Tensor inv_scale;
-  if (enabled_) {
-    check_initialized("unscale_");
-    state = &per_optimizer_states_[&optimizer];
-    TORCH_CHECK(state->stage != Stage::kUnscaled,
-                "unscale_() has already been called on this optimizer since the last update().");
-    TORCH_CHECK(state->stage != Stage::kStepped, "unscale_() is being called after step().");
-    inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
-  }
+  OptimizerState* state = options_.enabled() ? &begin_unscale(optimizer) : nullptr;
 
-  auto groups = gradients_by_device(optimizer, /*allow_fp16=*/!enabled_, "unscale_and_clip_");
+  auto groups =
+      gradients_by_device(optimizer, /*allow_fp16=*/state == nullptr, "unscale_and_clip_");
   if (groups.empty()) {
-    if (state != nullptr) state->stage = Stage::kUnscaled;
+    if (state != nullptr) state->stage = OptimizerStage::kUnscaled;
     return at::zeros({}, at::kFloat);
   }
   // A disabled scaler still clips (as unscale_ + clip_grad_norm_ would), with an inv_scale of 1.
-  if (!inv_scale.defined()) inv_scale = at::ones({}, at::TensorOptions(groups.front().first));
-  PerDeviceCopies per_device_inv_scale(inv_scale);
-  PerDeviceCopies per_device_found_inf(at::zeros({}, inv_scale.options()));
+  const at::Tensor inv =
+      state != nullptr ? inv_scale() : at::ones({}, at::TensorOptions(groups.front().first));
+  PerDeviceCopies per_device_inv_scale(inv);
+  PerDeviceCopies per_device_found_inf(at::zeros({}, inv.options()));
 
   // First read: each device's norm of the unscaled gradients and its inf/NaN flag.
-  const c10::Device home = inv_scale.device();
+  const c10::Device home = inv.device();
   at::Tensor total_norm;
   for (auto& [device, grads] : groups) {
     at::Tensor found = per_device_found_inf.get(device);
     const at::Tensor norm =
-        detail::unscale_norm_(grads, found, per_device_inv_scale.get(device)).to(home);
+        std::get<0>(amp::unscale_norm(grads, found, per_device_inv_scale.get(device))).to(home);
     total_norm = total_norm.defined() ? at::hypot(total_norm, norm) : norm;
   }
   // Second read and the only write: unscale and clip in one multiply.
   for (auto& [device, grads] : groups) {
-    detail::clip_unscaled_(grads, per_device_inv_scale.get(device), total_norm.to(device), max_norm,
-                           eps);
+    amp::clip_unscaled_(grads, per_device_inv_scale.get(device), total_norm.to(device), max_norm,
+                        eps);
   }
   if (state != nullptr) {
     state->found_inf_per_device = per_device_found_inf.take();
-    state->stage = Stage::kUnscaled;
+    state->stage = OptimizerStage::kUnscaled;
   }
   return total_norm;
 }
 
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
-  if (!enabled_) return;
-  check_initialized("unscale_");
-  OptimizerState& state = per_optimizer_states_[&optimizer];
-  TORCH_CHECK(state.stage != Stage::kUnscaled,
-              "unscale_() has already been called on this optimizer since the last update().");
-  TORCH_CHECK(state.stage != Stage::kStepped, "unscale_() is being called after step().");
-
-  // The reciprocal in double, rounded once to float32, as Python does (fp32 division can be
-  // imprecise under some compile options).
-  const at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+  if (!options_.enabled()) return;
+  OptimizerState& state = begin_unscale(optimizer);
   const at::Tensor found_inf = at::full({}, 0.0, scale_.options());
-  state.found_inf_per_device = unscale_grads(optimizer, inv_scale, found_inf, false);
-  state.stage = Stage::kUnscaled;
+  state.found_inf_per_device = unscale_grads(optimizer, inv_scale(), found_inf, false);
+  state.stage = OptimizerStage::kUnscaled;
 }
 
 std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::check_inf_per_device(
     torch::optim::Optimizer& optimizer) {
-  TORCH_CHECK(enabled_,
+  TORCH_CHECK(options_.enabled(),
               "GradScaler::check_inf_per_device needs an enabled scaler; this one is disabled.");
   check_initialized("_check_inf_per_device");
   const at::Tensor dummy_inv_scale = at::full({}, 1.0, scale_.options());
@@ -244,14 +248,14 @@ std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::check_inf_per_device
 
 StepResult GradScaler::step(torch::optim::Optimizer& optimizer,
                             torch::optim::Optimizer::LossClosure closure) {
-  if (!enabled_) return StepResult{true, optimizer.step(std::move(closure))};
+  if (!options_.enabled()) return StepResult{true, optimizer.step(std::move(closure))};
   TORCH_CHECK(!closure, "Closure use is not currently supported if GradScaler is enabled.");
   check_initialized("step");
   // unordered_map keeps references valid when unscale_ inserts nothing new for this key.
   OptimizerState& state = per_optimizer_states_[&optimizer];
-  TORCH_CHECK(state.stage != Stage::kStepped,
+  TORCH_CHECK(state.stage != OptimizerStage::kStepped,
               "step() has already been called since the last update().");
-  if (state.stage == Stage::kReady) unscale_(optimizer);
+  if (state.stage == OptimizerStage::kReady) unscale_(optimizer);
   TORCH_CHECK(!state.found_inf_per_device.empty(),
               "No inf checks were recorded for this optimizer.");
 
@@ -283,7 +287,7 @@ StepResult GradScaler::step(torch::optim::Optimizer& optimizer,
     result.loss = optimizer.step();
     result.taken = true;
   }
-  state.stage = Stage::kStepped;
+  state.stage = OptimizerStage::kStepped;
   TORCH_CHECK(!(overflow && at_min_scale), "GradScaler: the gradients overflowed (inf/NaN) while ",
               "the scale is already at min_scale=", options_.min_scale(),
               ", so the step was skipped and the scale cannot back off further. Try a lower "
@@ -294,7 +298,7 @@ StepResult GradScaler::step(torch::optim::Optimizer& optimizer,
 }
 
 void GradScaler::update() {
-  if (!enabled_) return;
+  if (!options_.enabled()) return;
   check_initialized("update");
   std::vector<at::Tensor> found_infs;
   for (const auto& [optimizer, state] : per_optimizer_states_) {
@@ -309,22 +313,19 @@ void GradScaler::update() {
   for (size_t i = 1; i < found_infs.size(); ++i)
     found_inf_combined = found_inf_combined + found_infs[i];
 
-  if (uses_extended_update()) {
-    detail::update_scale_extended_(
-        scale_, growth_tracker_, hysteresis_remaining_, counters_, found_inf_combined,
-        ScaleUpdateOptions{growth_factor_, backoff_factor_, growth_interval_, options_.hysteresis(),
-                           options_.consecutive_hysteresis(), options_.min_scale(),
-                           options_.max_scale()});
-  } else {
-    detail::update_scale_(scale_, growth_tracker_, found_inf_combined, growth_factor_,
-                          backoff_factor_, growth_interval_);
-    if (counters_.defined()) detail::advance_counters_(counters_, found_inf_combined);
-  }
+  const auto optional = [](const at::Tensor& t) {
+    return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+  };
+  amp::update_scale_(scale_, growth_tracker_, found_inf_combined, options_.growth_factor(),
+                     options_.backoff_factor(), options_.growth_interval(),
+                     optional(hysteresis_remaining_), optional(counters_),
+                     ScaleUpdateExtensions{options_.hysteresis(), options_.consecutive_hysteresis(),
+                                           options_.min_scale(), options_.max_scale()});
   per_optimizer_states_.clear();
 }
 
 void GradScaler::update(double new_scale) {
-  if (!enabled_) return;
+  if (!options_.enabled()) return;
   check_initialized("update");
   TORCH_CHECK(std::isfinite(new_scale) && new_scale > 0.0,
               "GradScaler::update: new_scale must be finite and > 0. Got new_scale=", new_scale,
@@ -334,7 +335,7 @@ void GradScaler::update(double new_scale) {
 }
 
 void GradScaler::update(const at::Tensor& new_scale) {
-  if (!enabled_) return;
+  if (!options_.enabled()) return;
   check_initialized("update");
   static constexpr const char* kReason =
       "new_scale should be a float or a 1-element torch.cuda.FloatTensor or torch.FloatTensor "
@@ -351,35 +352,35 @@ void GradScaler::update(const at::Tensor& new_scale) {
 }
 
 double GradScaler::get_scale() const {
-  if (!enabled_) return 1.0;
-  return scale_.defined() ? static_cast<double>(scale_.item<float>()) : init_scale_;
+  if (!options_.enabled()) return 1.0;
+  return scale_.defined() ? static_cast<double>(scale_.item<float>()) : options_.init_scale();
 }
 
 int64_t GradScaler::get_growth_tracker() const {
-  if (!enabled_) return 0;
+  if (!options_.enabled()) return 0;
   return growth_tracker_.defined() ? growth_tracker_.item<int64_t>() : init_growth_tracker_;
 }
 
 void GradScaler::set_growth_factor(double new_factor) {
   detail::check_growth_factor(new_factor);
-  growth_factor_ = new_factor;
+  options_.growth_factor(new_factor);
 }
 
 void GradScaler::set_backoff_factor(double new_factor) {
   detail::check_backoff_factor(new_factor);
-  backoff_factor_ = new_factor;
+  options_.backoff_factor(new_factor);
 }
 
 void GradScaler::set_growth_interval(int64_t new_interval) {
   detail::check_growth_interval(new_interval);
-  growth_interval_ = new_interval;
+  options_.growth_interval(new_interval);
 }
 
 GradScalerCounters GradScaler::counters() const {
   TORCH_CHECK(options_.track_counters(),
               "GradScaler::counters: this scaler does not track counters; construct it with "
               "GradScalerOptions().track_counters(true).");
-  if (!enabled_) return {};
+  if (!options_.enabled()) return {};
   if (!counters_.defined()) return init_counters_;
   const at::Tensor host = counters_.to(at::kCPU);
   const int64_t* values = host.data_ptr<int64_t>();
@@ -387,9 +388,21 @@ GradScalerCounters GradScaler::counters() const {
 }
 
 int64_t GradScaler::hysteresis_remaining() const {
-  if (!enabled_) return 0;
+  if (!options_.enabled()) return 0;
   if (!hysteresis_remaining_.defined()) return init_hysteresis_remaining_;
   return hysteresis_remaining_.item<int64_t>();
+}
+
+OptimizerStage GradScaler::stage(const torch::optim::Optimizer& optimizer) const {
+  const auto it = per_optimizer_states_.find(&optimizer);
+  return it == per_optimizer_states_.end() ? OptimizerStage::kReady : it->second.stage;
+}
+
+std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::found_inf_per_device(
+    const torch::optim::Optimizer& optimizer) const {
+  const auto it = per_optimizer_states_.find(&optimizer);
+  if (it == per_optimizer_states_.end()) return {};
+  return it->second.found_inf_per_device;
 }
 
 }  // namespace amp

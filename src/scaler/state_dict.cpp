@@ -98,13 +98,14 @@ std::vector<char> python_file_bytes(const c10::IValue& value) {
 
 c10::Dict<std::string, c10::IValue> GradScaler::state_dict() const {
   StateDict dict = empty_state_dict();
-  if (!enabled_) return dict;
-  // Python's five keys and types first.
+  if (!options_.enabled()) return dict;
+  // Python's five keys and types.
   dict.insert("scale", get_scale());
-  dict.insert("growth_factor", growth_factor_);
-  dict.insert("backoff_factor", backoff_factor_);
-  dict.insert("growth_interval", growth_interval_);
+  dict.insert("growth_factor", options_.growth_factor());
+  dict.insert("backoff_factor", options_.backoff_factor());
+  dict.insert("growth_interval", options_.growth_interval());
   dict.insert("_growth_tracker", get_growth_tracker());
+  if (!uses_extensions()) return dict;
   // amp's extension state; Python's load_state_dict ignores these keys.
   dict.insert(kFormatKey, kFormatVersion);
   dict.insert("_amp_hysteresis", options_.hysteresis());
@@ -122,7 +123,7 @@ c10::Dict<std::string, c10::IValue> GradScaler::state_dict() const {
 }
 
 void GradScaler::load_state_dict(const c10::Dict<std::string, c10::IValue>& state_dict) {
-  if (!enabled_) return;
+  if (!options_.enabled()) return;
   // Python's wording.
   TORCH_CHECK(!state_dict.empty(),
               "The source state dict is empty, possibly because it was saved from a disabled "
@@ -178,23 +179,25 @@ void GradScaler::load_state_dict(const c10::Dict<std::string, c10::IValue>& stat
         as_int(require(state_dict, "_amp_consecutive_skips"), "_amp_consecutive_skips")};
   }
 
-  // Commit. As in Python, the values also become the lazy-init values.
+  // Commit. As in Python, the loaded values are also those a lazy init starts from.
+  options.init_scale(scale);
+  options.growth_factor(growth_factor);
+  options.backoff_factor(backoff_factor);
+  options.growth_interval(growth_interval);
   options_ = options;
-  init_scale_ = scale;
-  growth_factor_ = growth_factor;
-  backoff_factor_ = backoff_factor;
-  growth_interval_ = growth_interval;
   init_growth_tracker_ = tracker;
   init_hysteresis_remaining_ = remaining;
   if (counters) init_counters_ = *counters;
   if (scale_.defined()) {
     scale_.fill_(scale);
     growth_tracker_.fill_(tracker);
-    if (uses_extended_update()) {
+    if (options_.hysteresis() > 1) {
       if (!hysteresis_remaining_.defined()) {
         hysteresis_remaining_ = at::empty({}, growth_tracker_.options());
       }
       hysteresis_remaining_.fill_(remaining);
+    } else {
+      hysteresis_remaining_ = at::Tensor();
     }
     if (counters) {
       counters_.copy_(
@@ -250,7 +253,7 @@ void GradScaler::load_state_dict(const std::string& path) {
 void GradScaler::save(torch::serialize::OutputArchive& archive) const {
   // Saving the scaler itself is Python's pickling of the object, which refuses a half-done
   // iteration: its per-optimizer flags would be lost.
-  TORCH_CHECK(!enabled_ || per_optimizer_states_.empty(),
+  TORCH_CHECK(!options_.enabled() || per_optimizer_states_.empty(),
               "A GradScaler instance may only be pickled at the beginning of an iteration, or at "
               "the end after scaler.update(). Call update() before saving the scaler.");
   for (const auto& entry : state_dict()) {

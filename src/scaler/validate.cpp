@@ -33,6 +33,14 @@ void check_growth_interval(int64_t growth_interval) {
               "; pass a positive number of steps (the default is 2000).");
 }
 
+void check_cuda_kernels_built(bool built_with_cuda) {
+  TORCH_CHECK(built_with_cuda,
+              "amp::GradScaler was asked for CUDA and CUDA is available, but this build of amp "
+              "has no CUDA kernels (it was configured with AMP_WITH_CUDA=OFF). Rebuild amp with "
+              "-DAMP_WITH_CUDA=ON against a CUDA LibTorch, or use GradScaler(torch::kCPU) for a "
+              "model on the CPU.");
+}
+
 void check_extension_options(int64_t hysteresis, double min_scale, double max_scale, double scale) {
   TORCH_CHECK(hysteresis >= 1, "The hysteresis must be >= 1. Got hysteresis=", hysteresis,
               "; pass 1 for torch.amp's behaviour or N to back off only after N overflows.");

@@ -84,6 +84,20 @@ class AmpOps(unittest.TestCase):
             torch._amp_update_scale_(s2, t2, f, 2.0, 0.25, 2)
             self.assertTrue(torch.equal(s1, s2) and torch.equal(t1, t2))
 
+    def test_update_scale_extensions_are_keyword_arguments(self):
+        # Hysteresis 2: the first overflow only spends the allowance, the second backs off.
+        s, t = torch.tensor([64.0]), torch.tensor([0], dtype=torch.int32)
+        remaining = torch.tensor([2], dtype=torch.int32)
+        counters = torch.zeros(3, dtype=torch.int64)
+        for expected in (64.0, 32.0):
+            torch.ops.amp.update_scale_(s, t, torch.tensor([1.0]), 2.0, 0.5, 2,
+                                        hysteresis_remaining=remaining, counters=counters,
+                                        hysteresis=2, min_scale=1.0, max_scale=None)
+            self.assertEqual(s.item(), expected)
+        self.assertEqual(counters.tolist(), [0, 2, 2])
+        with self.assertRaisesRegex(RuntimeError, "hysteresis=2 needs the hysteresis_remaining"):
+            torch.ops.amp.update_scale_(s, t, torch.tensor([1.0]), 2.0, 0.5, 2, hysteresis=2)
+
     def test_errors_name_the_argument(self):
         with self.assertRaisesRegex(RuntimeError, "inv_scale must be a Float tensor"):
             torch.ops.amp.non_finite_check_and_unscale_(

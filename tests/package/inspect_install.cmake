@@ -66,7 +66,13 @@ if(_fmt_symbols)
   message(FATAL_ERROR "libamp exports fmt symbols, which would collide with a consumer's fmt:\n"
                       "${_fmt_symbols}")
 endif()
+# The kernels and their launchers are internal: a consumer must not be able to bind to them (and
+# two amp builds in one process must not resolve each other's kernels).
+string(REGEX MATCHALL "[^\n]*amp::detail::(cpu|cuda|fallback|ops)::[^\n]*" _kernel_symbols "${_symbols}")
+if(_kernel_symbols)
+  message(FATAL_ERROR "libamp exports kernel-layer symbols:\n${_kernel_symbols}")
+endif()
 if(NOT _symbols MATCHES "amp::version")
   message(FATAL_ERROR "libamp does not export amp::version(); the export header is not applied")
 endif()
-message(STATUS "installed amp at ${PREFIX} is complete, relocatable and keeps fmt private")
+message(STATUS "installed amp at ${PREFIX} is complete, relocatable and keeps fmt and its internals private")

@@ -10,7 +10,7 @@ namespace amp_test {
 void reference_update_scale_extended_(at::Tensor& scale, at::Tensor& growth_tracker,
                                       at::Tensor& hysteresis_remaining, at::Tensor& counters,
                                       const at::Tensor& found_inf,
-                                      const amp::ScaleUpdateOptions& params) {
+                                      const UpdateOptions& params) {
   const at::Tensor found = found_inf.ne(0);
   const at::Tensor clean = found.logical_not();
 

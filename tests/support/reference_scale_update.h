@@ -6,13 +6,37 @@
 
 #include <amp/ops.h>
 
+#include <cstdint>
+#include <limits>
+#include <optional>
+
 namespace amp_test {
 
+/// All arguments of the scale update in one place (the factors and interval, and the extensions).
+struct UpdateOptions {
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  int64_t hysteresis = 1;
+  bool consecutive_hysteresis = false;
+  double min_scale = 0.0;
+  double max_scale = std::numeric_limits<double>::infinity();
+};
+
 /// The extended update rule (hysteresis, min/max bounds, counters) in ATen tensor ops, with the
-/// same arguments and the same results as amp::update_scale_extended_.
+/// same results as amp::update_scale_ given a hysteresis_remaining tensor and counters.
 void reference_update_scale_extended_(at::Tensor& scale, at::Tensor& growth_tracker,
                                       at::Tensor& hysteresis_remaining, at::Tensor& counters,
-                                      const at::Tensor& found_inf,
-                                      const amp::ScaleUpdateOptions& options);
+                                      const at::Tensor& found_inf, const UpdateOptions& options);
+
+/// amp::update_scale_ with every extension argument given (counters may be undefined).
+inline void update_scale_extended_(at::Tensor& scale, at::Tensor& growth_tracker,
+                                   at::Tensor& hysteresis_remaining, at::Tensor& counters,
+                                   const at::Tensor& found_inf, const UpdateOptions& o) {
+  amp::update_scale_(
+      scale, growth_tracker, found_inf, o.growth_factor, o.backoff_factor, o.growth_interval,
+      hysteresis_remaining, counters.defined() ? std::optional<at::Tensor>(counters) : std::nullopt,
+      amp::ScaleUpdateExtensions{o.hysteresis, o.consecutive_hysteresis, o.min_scale, o.max_scale});
+}
 
 }  // namespace amp_test

@@ -1,34 +1,18 @@
-// CPU multi-tensor kernels: prototypes of the per-instruction-set builds and the job they run.
+// CPU multi-tensor kernels: the job they run and the prototypes of the per-instruction-set builds.
 #pragma once
 
 #include <cstdint>
 
-#include "ops/elem_type.h"
+#include "ops/kernel_common.h"
 
 namespace amp::detail::cpu {
-
-/// One dense tensor seen as a flat array (memory order: the op is elementwise).
-struct FlatTensor {
-  void* data;
-  int64_t numel;
-  ElemType type;
-  /// Position in the caller's list (for attribution and per-tensor norms).
-  int64_t index;
-};
-
-/// What the kernel does to every element.
-enum class ListMode : uint8_t {
-  kCheck,       // non-finite check only (inv_scale == 1: values left untouched)
-  kCheckScale,  // non-finite check, then multiply by factor and store
-  kCheckNorm,   // non-finite check and sum of squares of value * factor, no store
-  kScale,       // multiply by factor and store (the clip pass)
-};
 
 /// A job over a list of flat tensors, split into balanced element ranges across threads.
 struct ListJob {
   const FlatTensor* tensors;
   int64_t count;
   ListMode mode;
+  /// What every element is multiplied by: inv_scale, or clip_factor(...) for kClip.
   float factor;
   /// Set to 1.0 when a non-finite value is seen (plain store); used by the check modes.
   float* found_inf;

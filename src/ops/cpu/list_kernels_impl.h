@@ -121,13 +121,13 @@ RangeResult typed_range(void* data, int64_t n, float factor) {
 template <typename T>
 RangeResult moded_range(void* data, int64_t n, ListMode mode, float factor) {
   switch (mode) {
-    case ListMode::kCheck:
-      return typed_range<T, true, false, false>(data, n, factor);
     case ListMode::kCheckScale:
+      // As ATen: an inv_scale of 1 leaves the values untouched, so only check them (no store).
+      if (factor == 1.0f) return typed_range<T, true, false, false>(data, n, factor);
       return typed_range<T, true, true, false>(data, n, factor);
     case ListMode::kCheckNorm:
       return typed_range<T, true, false, true>(data, n, factor);
-    case ListMode::kScale:
+    case ListMode::kClip:
       return typed_range<T, false, true, false>(data, n, factor);
   }
   return {};

@@ -1,5 +1,5 @@
 // amp's CUDA kernels: multi-tensor check/unscale/norm/clip over mixed dtypes in one launch, the
-// norm finish, and the scale updates. No ATen headers here (see kernels.cuh).
+// norm reduction in a fixed order, and the scale update. No ATen headers here (see kernels.cuh).
 #include "ops/cuda/kernels.cuh"
 
 #include <cuda_bf16.h>
@@ -62,19 +62,19 @@ __device__ inline T step(T x, typename Compute<T>::type factor, ThreadState& st)
 
 // ---- device functor: one chunk of one tensor ----
 
-/// Processes elements [begin, end) of `data`: 16-byte vectors when the tensor is 16-byte aligned
-/// (chunk starts are multiples of kChunkElems, so every chunk then is), scalars otherwise.
+/// Processes the n (<= kChunkElems) elements at `chunk`: 16-byte vectors when the chunk is
+/// 16-byte aligned (chunk starts are multiples of kChunkElems, so a tensor's chunks are all
+/// aligned or all not), scalars otherwise. Offsets inside a chunk are 32-bit.
 template <typename T, bool kCheck, bool kStore, bool kNorm>
-__device__ void process_chunk(T* data, int64_t begin, int64_t end, float factor_in,
-                              ThreadState& st) {
+__device__ void process_chunk(T* chunk, int n, float factor_in, ThreadState& st) {
   using C = typename Compute<T>::type;
   const C factor = static_cast<C>(factor_in);
   constexpr int kVec = 16 / sizeof(T);
-  int64_t scalar_from = begin;
-  if (reinterpret_cast<uintptr_t>(data) % 16 == 0) {
-    const int64_t vec_count = (end - begin) / kVec;
-    uint4* vdata = reinterpret_cast<uint4*>(data + begin);
-    for (int64_t v = threadIdx.x; v < vec_count; v += blockDim.x) {
+  int scalar_from = 0;
+  if (reinterpret_cast<uintptr_t>(chunk) % 16 == 0) {
+    const int vec_count = n / kVec;
+    uint4* vdata = reinterpret_cast<uint4*>(chunk);
+    for (int v = threadIdx.x; v < vec_count; v += blockDim.x) {
       uint4 raw = vdata[v];
       T elems[kVec];
       memcpy(elems, &raw, sizeof(raw));
@@ -85,38 +85,38 @@ __device__ void process_chunk(T* data, int64_t begin, int64_t end, float factor_
         vdata[v] = raw;
       }
     }
-    scalar_from = begin + vec_count * kVec;
+    scalar_from = vec_count * kVec;
   }
-  for (int64_t i = scalar_from + threadIdx.x; i < end; i += blockDim.x) {
-    const T u = step<T, kCheck, kNorm>(data[i], factor, st);
-    if (kStore) data[i] = u;
+  for (int i = scalar_from + threadIdx.x; i < n; i += blockDim.x) {
+    const T u = step<T, kCheck, kNorm>(chunk[i], factor, st);
+    if (kStore) chunk[i] = u;
   }
 }
 
 template <bool kCheck, bool kStore, bool kNorm>
-__device__ void dispatch_chunk(void* data, ElemType type, int64_t begin, int64_t end, float factor,
+__device__ void dispatch_chunk(void* data, ElemType type, int64_t begin, int n, float factor,
                                ThreadState& st) {
   switch (type) {
     case ElemType::kFloat:
-      process_chunk<float, kCheck, kStore, kNorm>(static_cast<float*>(data), begin, end, factor,
+      process_chunk<float, kCheck, kStore, kNorm>(static_cast<float*>(data) + begin, n, factor,
                                                   st);
       break;
     case ElemType::kHalf:
-      process_chunk<__half, kCheck, kStore, kNorm>(static_cast<__half*>(data), begin, end, factor,
+      process_chunk<__half, kCheck, kStore, kNorm>(static_cast<__half*>(data) + begin, n, factor,
                                                    st);
       break;
     case ElemType::kBFloat16:
-      process_chunk<__nv_bfloat16, kCheck, kStore, kNorm>(static_cast<__nv_bfloat16*>(data), begin,
-                                                          end, factor, st);
+      process_chunk<__nv_bfloat16, kCheck, kStore, kNorm>(static_cast<__nv_bfloat16*>(data) + begin,
+                                                          n, factor, st);
       break;
     case ElemType::kDouble:
-      process_chunk<double, kCheck, kStore, kNorm>(static_cast<double*>(data), begin, end, factor,
+      process_chunk<double, kCheck, kStore, kNorm>(static_cast<double*>(data) + begin, n, factor,
                                                    st);
       break;
   }
 }
 
-/// Sum of `value` over the block, valid in thread 0.
+/// Sum of `value` over the block in a fixed order, valid in thread 0.
 __device__ double block_sum(double value) {
   __shared__ double warp_sums[kBlockThreads / 32];
   for (int offset = 16; offset > 0; offset /= 2)
@@ -136,27 +136,28 @@ __device__ double block_sum(double value) {
 
 template <ListMode kMode>
 __global__ void __launch_bounds__(kBlockThreads)
-    list_kernel(const LaunchMeta meta, const ListArgs args) {
+    list_kernel(const __grid_constant__ LaunchMeta meta, const ListArgs args) {
   const int slot = meta.block_slot[blockIdx.x];
   const int64_t numel = meta.numel[slot];
   const int64_t begin = static_cast<int64_t>(meta.block_chunk[blockIdx.x]) * kChunkElems;
-  const int64_t end = begin + kChunkElems < numel ? begin + kChunkElems : numel;
+  const int n = static_cast<int>(numel - begin < kChunkElems ? numel - begin : kChunkElems);
+  void* data = meta.data[slot];
+  const ElemType type = meta.type[slot];
   const float inv = *args.inv_scale;
   ThreadState st;
 
   if constexpr (kMode == ListMode::kCheckScale) {
     // As ATen: inv_scale == 1 leaves the values untouched, so only check them.
     if (inv == 1.0f) {
-      dispatch_chunk<true, false, false>(meta.data[slot], meta.type[slot], begin, end, inv, st);
+      dispatch_chunk<true, false, false>(data, type, begin, n, inv, st);
     } else {
-      dispatch_chunk<true, true, false>(meta.data[slot], meta.type[slot], begin, end, inv, st);
+      dispatch_chunk<true, true, false>(data, type, begin, n, inv, st);
     }
   } else if constexpr (kMode == ListMode::kCheckNorm) {
-    dispatch_chunk<true, false, true>(meta.data[slot], meta.type[slot], begin, end, inv, st);
+    dispatch_chunk<true, false, true>(data, type, begin, n, inv, st);
   } else {
-    const float coef = args.max_norm / (*args.total_norm + args.eps);
-    const float factor = inv * (coef < 1.0f ? coef : 1.0f);
-    dispatch_chunk<false, true, false>(meta.data[slot], meta.type[slot], begin, end, factor, st);
+    const float factor = clip_factor(inv, *args.total_norm, args.max_norm, args.eps);
+    dispatch_chunk<false, true, false>(data, type, begin, n, factor, st);
   }
 
   if constexpr (kMode != ListMode::kClip) {
@@ -167,11 +168,33 @@ __global__ void __launch_bounds__(kBlockThreads)
     }
   }
   if constexpr (kMode == ListMode::kCheckNorm) {
+    // Each block writes its own partial sum; reduce_norm_kernel adds them up in order.
     const double sum = block_sum(st.sumsq);
-    if (threadIdx.x == 0) {
-      atomicAdd(args.total_sumsq, sum);
-      if (args.per_tensor_sumsq) atomicAdd(args.per_tensor_sumsq + meta.index[slot], sum);
+    if (threadIdx.x == 0) args.block_sumsq[blockIdx.x] = sum;
+  }
+}
+
+/// One block of kMaxTensorsPerLaunch threads: thread s adds up the partial sums of slot s's
+/// blocks (contiguous in the plan) in block order, then thread 0 adds the slots in slot order.
+/// Launches run in stream order, so every sum is formed in the same order on every run.
+__global__ void __launch_bounds__(kMaxTensorsPerLaunch)
+    reduce_norm_kernel(const __grid_constant__ LaunchMeta meta, const double* block_sumsq,
+                       double* total_sumsq, double* per_tensor_sumsq) {
+  __shared__ double slot_sums[kMaxTensorsPerLaunch];
+  const int s = threadIdx.x;
+  double sum = 0.0;
+  if (s < meta.tensor_count) {
+    for (int b = 0; b < meta.block_count; ++b) {
+      if (meta.block_slot[b] == s) sum += block_sumsq[b];
     }
+    if (per_tensor_sumsq != nullptr) per_tensor_sumsq[meta.index[s]] += sum;
+  }
+  slot_sums[s] = sum;
+  __syncthreads();
+  if (s == 0) {
+    double total = *total_sumsq;
+    for (int k = 0; k < meta.tensor_count; ++k) total += slot_sums[k];
+    *total_sumsq = total;
   }
 }
 
@@ -186,25 +209,17 @@ __global__ void finish_norms_kernel(const double* total_sumsq, float* total_norm
   }
 }
 
-__global__ void update_scale_kernel(float* scale, int32_t* growth_tracker, const float* found_inf,
-                                    double growth_factor, double backoff_factor,
-                                    int64_t growth_interval) {
-  apply_update_rule(scale, growth_tracker, *found_inf, growth_factor, backoff_factor,
-                    growth_interval);
-}
-
-__global__ void update_scale_extended_kernel(float* scale, int32_t* growth_tracker,
-                                             int32_t* hysteresis_remaining, int64_t* counters,
-                                             const float* found_inf, ExtendedRule rule) {
-  apply_extended_rule(scale, growth_tracker, hysteresis_remaining, counters, *found_inf, rule);
+__global__ void update_scale_kernel(float* scale, int32_t* growth_tracker, int32_t* remaining,
+                                    int64_t* counters, const float* found_inf, UpdateRule rule) {
+  apply_update_rule(scale, growth_tracker, remaining, counters, *found_inf, rule);
 }
 
 }  // namespace
 
 // ---- launchers ----
 
-cudaError_t launch_list_kernel(const LaunchMeta& meta, int blocks, const ListArgs& args,
-                               cudaStream_t stream) {
+cudaError_t launch_list_kernel(const LaunchMeta& meta, const ListArgs& args, cudaStream_t stream) {
+  const int blocks = meta.block_count;
   if (blocks == 0) return cudaSuccess;
   switch (args.mode) {
     case ListMode::kCheckScale:
@@ -212,6 +227,9 @@ cudaError_t launch_list_kernel(const LaunchMeta& meta, int blocks, const ListArg
       break;
     case ListMode::kCheckNorm:
       list_kernel<ListMode::kCheckNorm><<<blocks, kBlockThreads, 0, stream>>>(meta, args);
+      if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+      reduce_norm_kernel<<<1, kMaxTensorsPerLaunch, 0, stream>>>(
+          meta, args.block_sumsq, args.total_sumsq, args.per_tensor_sumsq);
       break;
     case ListMode::kClip:
       list_kernel<ListMode::kClip><<<blocks, kBlockThreads, 0, stream>>>(meta, args);
@@ -231,20 +249,11 @@ cudaError_t launch_finish_norms(const double* total_sumsq, float* total_norm,
   return cudaGetLastError();
 }
 
-cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, const float* found_inf,
-                                double growth_factor, double backoff_factor,
-                                int64_t growth_interval, cudaStream_t stream) {
-  update_scale_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, found_inf, growth_factor,
-                                           backoff_factor, growth_interval);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_update_scale_extended(float* scale, int32_t* growth_tracker,
-                                         int32_t* hysteresis_remaining, int64_t* counters,
-                                         const float* found_inf, const ExtendedRule& rule,
-                                         cudaStream_t stream) {
-  update_scale_extended_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, hysteresis_remaining,
-                                                    counters, found_inf, rule);
+cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* remaining,
+                                int64_t* counters, const float* found_inf, const UpdateRule& rule,
+                                cudaStream_t stream) {
+  update_scale_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, remaining, counters, found_inf,
+                                           rule);
   return cudaGetLastError();
 }
 
