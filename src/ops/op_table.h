@@ -13,6 +13,9 @@
 #include <c10/util/ArrayRef.h>
 #include <torch/library.h>
 
+#include "ops/update_rule.h"
+#include "ops/validate.h"
+
 namespace amp::detail::ops {
 
 struct NonFiniteCheckAndUnscale {
@@ -40,6 +43,20 @@ struct UpdateScale {
                          const std::optional<at::Tensor>& counters, int64_t hysteresis,
                          bool consecutive_hysteresis, double min_scale,
                          std::optional<double> max_scale);
+
+  /// The kernel every backend registers: the arguments checked once, then the backend's
+  /// kApply(state, rule) does the update on its device.
+  template <void (*kApply)(const UpdateState&, const UpdateRule&)>
+  static void kernel(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                     const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                     int64_t growth_interval, const std::optional<at::Tensor>& hysteresis_remaining,
+                     const std::optional<at::Tensor>& counters, int64_t hysteresis,
+                     bool consecutive_hysteresis, double min_scale,
+                     std::optional<double> max_scale) {
+    const UpdateState state{scale, growth_tracker, found_inf, hysteresis_remaining, counters};
+    kApply(state, check_update_args(state, growth_factor, backoff_factor, growth_interval,
+                                    hysteresis, consecutive_hysteresis, min_scale, max_scale));
+  }
 };
 
 struct UnscaleNorm {
@@ -75,6 +92,18 @@ const c10::TypedOperatorHandle<typename Op::Signature>& handle() {
 template <typename Op, typename Op::Signature* kKernel>
 void impl(torch::Library& library) {
   library.impl(Op::kName, c10::CompileTimeFunctionPointer<typename Op::Signature, kKernel>());
+}
+
+/// Registers one backend's kernels for every op (the backend's TORCH_LIBRARY_IMPL block is this
+/// one call): the unscale, the update's device step (see UpdateScale::kernel), norm and clip.
+template <NonFiniteCheckAndUnscale::Signature* kUnscale,
+          void (*kUpdate)(const UpdateState&, const UpdateRule&),
+          UnscaleNorm::Signature* kUnscaleNorm, ClipUnscaled::Signature* kClip>
+void register_kernels(torch::Library& library) {
+  impl<NonFiniteCheckAndUnscale, kUnscale>(library);
+  impl<UpdateScale, UpdateScale::kernel<kUpdate>>(library);
+  impl<UnscaleNorm, kUnscaleNorm>(library);
+  impl<ClipUnscaled, kClip>(library);
 }
 
 }  // namespace amp::detail::ops

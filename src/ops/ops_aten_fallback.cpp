@@ -35,25 +35,17 @@ void unscale_aten(at::TensorList grads, const at::Tensor& found_inf, const at::T
   aten_check_and_unscale(grads, found_inf, inv_scale);
 }
 
-void update_scale_aten(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                       const at::Tensor& found_inf, double growth_factor, double backoff_factor,
-                       int64_t growth_interval,
-                       const std::optional<at::Tensor>& hysteresis_remaining,
-                       const std::optional<at::Tensor>& counters, int64_t hysteresis,
-                       bool consecutive_hysteresis, double min_scale,
-                       std::optional<double> max_scale) {
-  const UpdateRule rule = check_update_args(
-      scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval,
-      hysteresis_remaining, counters, hysteresis, consecutive_hysteresis, min_scale, max_scale);
-  const bool extended = hysteresis_remaining || counters || rule.hysteresis != 1 ||
+void update_scale_aten(const UpdateState& state, const UpdateRule& rule) {
+  const bool extended = state.hysteresis_remaining || state.counters || rule.hysteresis != 1 ||
                         rule.min_scale > 0.0 || std::isfinite(rule.max_scale);
   TORCH_CHECK(!extended, "amp::update_scale_: the update's extensions (hysteresis, min_scale, ",
               "max_scale, counters) have amp kernels for CPU and CUDA only, and the scale is on ",
-              scale.device(), "; use GradScalerOptions without those extensions on this device.");
-  at::Tensor scale_out = scale;
-  at::Tensor tracker_out = growth_tracker;
-  at::_amp_update_scale_(scale_out, tracker_out, found_inf, growth_factor, backoff_factor,
-                         growth_interval);
+              state.scale.device(),
+              "; use GradScalerOptions without those extensions on this device.");
+  at::Tensor scale = state.scale;
+  at::Tensor tracker = state.growth_tracker;
+  at::_amp_update_scale_(scale, tracker, state.found_inf, rule.growth_factor, rule.backoff_factor,
+                         rule.growth_interval);
 }
 
 // grad * inv_scale in the op's compute type (float32, or float64 for float64 grads), squared
@@ -98,13 +90,9 @@ void clip_unscaled_aten(at::TensorList grads, const at::Tensor& inv_scale,
 }
 
 }  // namespace
-}  // namespace amp::detail::fallback
 
 TORCH_LIBRARY_IMPL(amp, CompositeExplicitAutograd, m) {
-  using namespace amp::detail::ops;
-  using namespace amp::detail::fallback;
-  impl<NonFiniteCheckAndUnscale, unscale_aten>(m);
-  impl<UpdateScale, update_scale_aten>(m);
-  impl<UnscaleNorm, unscale_norm_aten>(m);
-  impl<ClipUnscaled, clip_unscaled_aten>(m);
+  ops::register_kernels<unscale_aten, update_scale_aten, unscale_norm_aten, clip_unscaled_aten>(m);
 }
+
+}  // namespace amp::detail::fallback

@@ -40,17 +40,25 @@ void check_grads(const char* op, at::TensorList grads, c10::Device device) {
   }
 }
 
+// The list ops' tensor arguments: two 1-element float32 tensors, the first of which fixes the
+// device, and the grads on that device.
+void check_list_args(const char* op, at::TensorList grads, const char* first_name,
+                     const at::Tensor& first, const char* second_name, const at::Tensor& second) {
+  TORCH_CHECK(first.defined(), op, ": ", first_name,
+              " is an undefined tensor; pass a 1-element float32 tensor.");
+  const c10::Device device = first.device();
+  check_scalar_tensor(op, first_name, first, at::kFloat, device);
+  check_scalar_tensor(op, second_name, second, at::kFloat, device);
+  check_grads(op, grads, device);
+}
+
 }  // namespace
 
 void check_unscale_args(const char* op, at::TensorList grads, const at::Tensor& found_inf,
                         const at::Tensor& inv_scale, const std::optional<at::Tensor>& per_tensor) {
-  TORCH_CHECK(found_inf.defined(), op,
-              ": found_inf is an undefined tensor; pass a 1-element float32 tensor holding 0.");
-  const c10::Device device = found_inf.device();
-  check_scalar_tensor(op, "found_inf", found_inf, at::kFloat, device);
-  check_scalar_tensor(op, "inv_scale", inv_scale, at::kFloat, device);
-  check_grads(op, grads, device);
+  check_list_args(op, grads, "found_inf", found_inf, "inv_scale", inv_scale);
   if (!per_tensor) return;
+  const c10::Device device = found_inf.device();
   const at::Tensor& out = *per_tensor;
   const auto count = static_cast<int64_t>(grads.size());
   TORCH_CHECK(out.scalar_type() == at::kFloat, op,
@@ -64,13 +72,11 @@ void check_unscale_args(const char* op, at::TensorList grads, const at::Tensor& 
               " but must be on the grads' device ", device, ".");
 }
 
-UpdateRule check_update_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                             const at::Tensor& found_inf, double growth_factor,
-                             double backoff_factor, int64_t growth_interval,
-                             const std::optional<at::Tensor>& hysteresis_remaining,
-                             const std::optional<at::Tensor>& counters, int64_t hysteresis,
+UpdateRule check_update_args(const UpdateState& state, double growth_factor, double backoff_factor,
+                             int64_t growth_interval, int64_t hysteresis,
                              bool consecutive_hysteresis, double min_scale,
                              std::optional<double> max_scale) {
+  const auto& [scale, growth_tracker, found_inf, hysteresis_remaining, counters] = state;
   const char* op = "amp::update_scale_";
   TORCH_CHECK(scale.defined(), op, ": scale is an undefined tensor; pass a 1-element float32 ",
               "tensor.");
@@ -118,12 +124,7 @@ UpdateRule check_update_args(const at::Tensor& scale, const at::Tensor& growth_t
 void check_clip_args(at::TensorList grads, const at::Tensor& inv_scale,
                      const at::Tensor& total_norm, double max_norm, double eps) {
   const char* op = "amp::clip_unscaled_";
-  TORCH_CHECK(inv_scale.defined(), op,
-              ": inv_scale is an undefined tensor; pass a 1-element float32 tensor.");
-  const c10::Device device = inv_scale.device();
-  check_scalar_tensor(op, "inv_scale", inv_scale, at::kFloat, device);
-  check_scalar_tensor(op, "total_norm", total_norm, at::kFloat, device);
-  check_grads(op, grads, device);
+  check_list_args(op, grads, "inv_scale", inv_scale, "total_norm", total_norm);
   TORCH_CHECK(max_norm > 0, op, ": max_norm must be > 0, but got ", max_norm, ".");
   TORCH_CHECK(eps >= 0, op, ": eps must be >= 0, but got ", eps, ".");
 }

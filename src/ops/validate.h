@@ -19,12 +19,18 @@ namespace amp::detail {
 void check_unscale_args(const char* op, at::TensorList grads, const at::Tensor& found_inf,
                         const at::Tensor& inv_scale, const std::optional<at::Tensor>& per_tensor);
 
-/// The checks of update_scale_; returns the rule its kernels apply.
-UpdateRule check_update_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                             const at::Tensor& found_inf, double growth_factor,
-                             double backoff_factor, int64_t growth_interval,
-                             const std::optional<at::Tensor>& hysteresis_remaining,
-                             const std::optional<at::Tensor>& counters, int64_t hysteresis,
+/// update_scale_'s tensors: the scale state it updates in place and the flag it reads.
+struct UpdateState {
+  const at::Tensor& scale;
+  const at::Tensor& growth_tracker;
+  const at::Tensor& found_inf;
+  const std::optional<at::Tensor>& hysteresis_remaining;
+  const std::optional<at::Tensor>& counters;
+};
+
+/// The checks of update_scale_ (its tensors and its scalars); returns the rule its kernels apply.
+UpdateRule check_update_args(const UpdateState& state, double growth_factor, double backoff_factor,
+                             int64_t growth_interval, int64_t hysteresis,
                              bool consecutive_hysteresis, double min_scale,
                              std::optional<double> max_scale);
 

@@ -76,16 +76,8 @@ void clip_unscaled_cpu(at::TensorList grads, const at::Tensor& inv_scale,
   list.write_back();
 }
 
-void update_scale_cpu(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                      const at::Tensor& found_inf, double growth_factor, double backoff_factor,
-                      int64_t growth_interval,
-                      const std::optional<at::Tensor>& hysteresis_remaining,
-                      const std::optional<at::Tensor>& counters, int64_t hysteresis,
-                      bool consecutive_hysteresis, double min_scale,
-                      std::optional<double> max_scale) {
-  const UpdateRule rule = check_update_args(
-      scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval,
-      hysteresis_remaining, counters, hysteresis, consecutive_hysteresis, min_scale, max_scale);
+void update_scale_cpu(const UpdateState& state, const UpdateRule& rule) {
+  const auto& [scale, growth_tracker, found_inf, hysteresis_remaining, counters] = state;
   apply_update_rule(scale.data_ptr<float>(), growth_tracker.data_ptr<int32_t>(),
                     hysteresis_remaining ? hysteresis_remaining->data_ptr<int32_t>() : nullptr,
                     counters ? counters->data_ptr<int64_t>() : nullptr, read_float(found_inf),
@@ -93,13 +85,9 @@ void update_scale_cpu(const at::Tensor& scale, const at::Tensor& growth_tracker,
 }
 
 }  // namespace
-}  // namespace amp::detail::cpu
 
 TORCH_LIBRARY_IMPL(amp, CPU, m) {
-  using namespace amp::detail::ops;
-  using namespace amp::detail::cpu;
-  impl<NonFiniteCheckAndUnscale, unscale_cpu>(m);
-  impl<UpdateScale, update_scale_cpu>(m);
-  impl<UnscaleNorm, unscale_norm_cpu>(m);
-  impl<ClipUnscaled, clip_unscaled_cpu>(m);
+  ops::register_kernels<unscale_cpu, update_scale_cpu, unscale_norm_cpu, clip_unscaled_cpu>(m);
 }
+
+}  // namespace amp::detail::cpu

@@ -109,16 +109,8 @@ void clip_unscaled_cuda(at::TensorList grads, const at::Tensor& inv_scale,
   run_list(grads, args, /*stores=*/true);
 }
 
-void update_scale_cuda(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                       const at::Tensor& found_inf, double growth_factor, double backoff_factor,
-                       int64_t growth_interval,
-                       const std::optional<at::Tensor>& hysteresis_remaining,
-                       const std::optional<at::Tensor>& counters, int64_t hysteresis,
-                       bool consecutive_hysteresis, double min_scale,
-                       std::optional<double> max_scale) {
-  const UpdateRule rule = check_update_args(
-      scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval,
-      hysteresis_remaining, counters, hysteresis, consecutive_hysteresis, min_scale, max_scale);
+void update_scale_cuda(const UpdateState& state, const UpdateRule& rule) {
+  const auto& [scale, growth_tracker, found_inf, hysteresis_remaining, counters] = state;
   const c10::cuda::CUDAGuard guard(scale.device());
   C10_CUDA_CHECK(launch_update_scale(
       float_ptr(scale), growth_tracker.data_ptr<int32_t>(),
@@ -128,13 +120,9 @@ void update_scale_cuda(const at::Tensor& scale, const at::Tensor& growth_tracker
 }
 
 }  // namespace
-}  // namespace amp::detail::cuda
 
 TORCH_LIBRARY_IMPL(amp, CUDA, m) {
-  using namespace amp::detail::ops;
-  using namespace amp::detail::cuda;
-  impl<NonFiniteCheckAndUnscale, unscale_cuda>(m);
-  impl<UpdateScale, update_scale_cuda>(m);
-  impl<UnscaleNorm, unscale_norm_cuda>(m);
-  impl<ClipUnscaled, clip_unscaled_cuda>(m);
+  ops::register_kernels<unscale_cuda, update_scale_cuda, unscale_norm_cuda, clip_unscaled_cuda>(m);
 }
+
+}  // namespace amp::detail::cuda
