@@ -64,9 +64,12 @@ struct AutocastOptions {
 ///   `torch.cuda.is_bf16_supported()` decides: GPUs before compute capability 8.0 pass too when
 ///   they emulate bf16.
 ///
-/// Autocast state is thread-local: the guard affects only the calling thread (see
-/// AutocastStateGuard). Guards must be destroyed in reverse order of construction on the thread
-/// that created them, which scoping guarantees; the guard can be neither copied nor moved.
+/// Autocast state (enabled flags, dtypes, cache flag, nesting count) is thread-local: the guard
+/// changes it only for the calling thread (see AutocastStateGuard). The weight-cast cache is not:
+/// it is one process-wide map, so the outermost region's exit on one thread also drops casts that
+/// regions still open on other threads had cached (they are cast again on their next use). Guards
+/// must be destroyed in reverse order of construction on the thread that created them, which
+/// scoping guarantees; the guard can be neither copied nor moved.
 class AMP_EXPORT AutocastGuard {
  public:
   /// Opens a region on `device`.
@@ -171,8 +174,20 @@ AMP_EXPORT AutocastState capture_autocast_state();
 /// Not needed for backward passes: autograd's engine carries the enabled flags (and dtypes) of
 /// the thread that called backward() into its device worker threads by itself.
 ///
-/// The guard counts as an autocast region: it increments the nesting count and, when the count
-/// returns to 0, clears the weight-cast cache, so casts cached by the worker do not outlive it.
+/// The guard counts as an autocast region: it increments the calling thread's nesting count and,
+/// when that count returns to 0, clears the weight-cast cache, as the outermost AutocastGuard
+/// does. That cache is process-wide in ATen (one map under a mutex, keyed by the fp32 weight),
+/// not per thread, which has three consequences for worker threads:
+/// - a worker's region and the regions open on other threads share cached casts: a weight cast in
+///   one thread is reused by the others while it is cached;
+/// - when a worker's outermost region ends (this guard, or an AutocastGuard in a worker with no
+///   guard around it), the whole cache is cleared, including casts of regions still open on other
+///   threads; those are cast again on their next use, which costs time and memory but gives the
+///   same values;
+/// - the cache is keyed by the weight alone, not by dtype: a worker whose state has another
+///   lower-precision dtype than a concurrently open region on another thread can receive that
+///   region's cast of a weight (an mm then fails with mismatched dtypes). Give threads that run
+///   at the same time the same autocast dtype, which capturing one thread's state ensures.
 /// Non-copyable, non-movable; the destructor never throws.
 class AMP_EXPORT AutocastStateGuard {
  public:
