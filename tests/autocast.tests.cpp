@@ -6,6 +6,7 @@
 #include <ATen/autocast_mode.h>
 
 #include <stdexcept>
+#include <vector>
 
 #include <amp/autocast.h>
 
@@ -216,7 +217,9 @@ TEST_CASE("amp::autocast runs a callable in a region and returns its result", "[
   const auto out = amp::autocast(
       torch::kCPU, [](const torch::Tensor& t) { return t.mm(t); }, a);
   CHECK(out.scalar_type() == torch::kBFloat16);
-  CHECK(torch::allclose(out.to(torch::kFloat), a.mm(a), 2e-2, 2e-2));
+  // CPU autocast's mm is ATen's bf16 mm on bf16 copies of the inputs.
+  const auto a_bf16 = a.to(torch::kBFloat16);
+  CHECK(torch::equal(out, a_bf16.mm(a_bf16)));
 
   const auto half = amp::autocast(amp::AutocastOptions(torch::kCPU).dtype(torch::kHalf),
                                   [&] { return torch::mm(a, a); });
@@ -254,10 +257,96 @@ TEST_CASE("An unsupported dtype is an error naming device, dtype and the allowed
                     Catch::Contains("the target dtype Int is not supported"));
   CHECK_THROWS_WITH(amp::AutocastGuard(torch::kCPU, torch::kFloat),
                     Catch::Contains("the target dtype Float is not supported"));
-  // Checked before CUDA's availability, so the error is the same on every machine.
-  CHECK_THROWS_WITH(amp::AutocastGuard(torch::kCUDA, torch::kDouble),
-                    Catch::Contains("In CUDA autocast, the target dtype Double is not supported"));
+  // The rule is the same for the device types other than CUDA; none needs its device present.
+  CHECK_THROWS_WITH(amp::AutocastGuard(torch::kXPU, torch::kFloat),
+                    Catch::Contains("In XPU autocast, the target dtype Float is not supported"));
   CHECK(full_autocast_state() == before);
+}
+
+namespace {
+
+using Check = amp::detail::AutocastRequestCheck;
+
+// Runs the validation rule with a machine that has CUDA (or not) and a GPU with bf16 (or not),
+// counting how often the rule asked.
+struct FakeMachine {
+  bool cuda = true;
+  bool bf16 = true;
+  int cuda_asked = 0;
+  int bf16_asked = 0;
+  Check check(c10::DeviceType device, c10::ScalarType dtype, bool enabled = true) {
+    return amp::detail::check_autocast_request(
+        device, dtype, enabled, [this] { return ++cuda_asked, cuda; },
+        [this] { return ++bf16_asked, bf16; });
+  }
+};
+
+const std::vector<c10::ScalarType> kDtypes = {
+    torch::kBFloat16, torch::kHalf, torch::kFloat,         torch::kDouble,
+    torch::kInt,      torch::kBool, torch::kFloat8_e4m3fn, torch::kComplexFloat};
+
+}  // namespace
+
+// Python, torch 2.14 (autocast_mode.py, autocast.__init__): for each device type and each dtype
+// above, torch.autocast(device, dtype=dtype)._enabled and whether it warned, with CUDA made
+// available by replacing torch.cuda.amp.common.amp_definitely_not_available and
+// torch.cuda.is_bf16_supported by lambdas returning False / True:
+//   cpu, xpu, mps, hpu, xla, mtia, maia, ipu: bfloat16 and float16 enabled without warning; every
+//     other dtype warns "In <DEVICE> autocast, but the target dtype is not supported" and disables;
+//   cuda: every dtype enabled without warning;
+//   cuda, is_bf16_supported() False: bfloat16 raises "Current CUDA Device does not support
+//     bfloat16", float16 and float32 enabled;
+//   cuda without CUDA: every dtype (float64 too) warns "CUDA is not available ..." and disables;
+//   enabled=False: no warning for any dtype (float64 on CPU included);
+//   "meta": raises "User specified an unsupported autocast device_type 'meta'".
+// "privateuseone" takes its list from the backend's Python module in Python (an AssertionError
+// when none is registered); amp keeps Python's default list for it, bfloat16 and float16.
+TEST_CASE("The dtype rule per device type is Python's", "[autocast][errors]") {
+  for (const auto device : amp_test::kAutocastDevices) {
+    for (const auto dtype : kDtypes) {
+      CAPTURE(c10::DeviceTypeName(device), dtype);
+      FakeMachine machine;
+      const Check check = machine.check(device, dtype);
+      if (device == torch::kCUDA) {
+        CHECK(check == Check::enabled);
+      } else if (dtype == torch::kBFloat16 || dtype == torch::kHalf) {
+        CHECK(check == Check::enabled);
+      } else {
+        // Python warns and disables; AutocastGuard throws for this outcome.
+        CHECK(check == Check::unsupported_dtype);
+      }
+      if (device != torch::kCUDA) {
+        // Like Python, a region on another device type never asks about CUDA.
+        CHECK(machine.cuda_asked == 0);
+        CHECK(machine.bf16_asked == 0);
+      }
+      CHECK(machine.check(device, dtype, /*enabled=*/false) == Check::disabled);
+    }
+  }
+}
+
+TEST_CASE("The CUDA rule: availability first, then bf16 support, no dtype list",
+          "[autocast][errors]") {
+  for (const auto dtype : kDtypes) {
+    CAPTURE(dtype);
+    FakeMachine no_cuda;
+    no_cuda.cuda = false;
+    CHECK(no_cuda.check(torch::kCUDA, dtype) == Check::cuda_unavailable);
+    CHECK(no_cuda.bf16_asked == 0);
+
+    FakeMachine no_bf16;
+    no_bf16.bf16 = false;
+    CHECK(no_bf16.check(torch::kCUDA, dtype) ==
+          (dtype == torch::kBFloat16 ? Check::cuda_bf16_unsupported : Check::enabled));
+    CHECK(no_bf16.bf16_asked == (dtype == torch::kBFloat16 ? 1 : 0));
+
+    FakeMachine disabled;
+    CHECK(disabled.check(torch::kCUDA, dtype, /*enabled=*/false) == Check::disabled);
+    CHECK(disabled.cuda_asked == 0);
+  }
+  FakeMachine machine;
+  CHECK(machine.check(torch::kMeta, torch::kHalf) == Check::unsupported_device);
+  CHECK(machine.check(torch::kMeta, torch::kHalf, /*enabled=*/false) == Check::unsupported_device);
 }
 
 TEST_CASE("A disabled region accepts any dtype, as Python does", "[autocast][errors]") {
@@ -283,6 +372,31 @@ TEST_CASE("A CUDA region without CUDA runs disabled and still saves and restores
     CHECK(at::autocast::get_autocast_dtype(torch::kCUDA) == torch::kBFloat16);
   }
   CHECK(full_autocast_state() == before);
+}
+
+TEST_CASE("A CUDA region of any dtype without CUDA runs disabled instead of failing",
+          "[autocast][no-gpu]") {
+  const FullAutocastState before = full_autocast_state();
+  for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+    amp::AutocastGuard autocast(torch::kCUDA, dtype);
+    CHECK_FALSE(autocast.enabled());
+    CHECK(at::autocast::get_autocast_dtype(torch::kCUDA) == dtype);
+  }
+  CHECK(full_autocast_state() == before);
+}
+
+// ATen's cached_cast casts every eligible CUDA tensor to the region's dtype, float32 included, so
+// a float32 region computes the lower-precision ops in float32 (as torch.autocast("cuda",
+// dtype=torch.float32) does in Python).
+TEST_CASE("A float32 CUDA region runs enabled and computes mm in float32", "[autocast][cuda]") {
+  const auto half = torch::randn({8, 8}, torch::kCUDA).to(torch::kHalf);
+  amp::AutocastGuard autocast(torch::kCUDA, torch::kFloat);
+  CHECK(autocast.enabled());
+  CHECK(at::autocast::is_autocast_enabled(torch::kCUDA));
+  const auto out = torch::mm(half, half);
+  CHECK(out.scalar_type() == torch::kFloat);
+  amp::AutocastGuard off(torch::kCUDA, std::nullopt, /*enabled=*/false);
+  CHECK(torch::equal(out, torch::mm(half.to(torch::kFloat), half.to(torch::kFloat))));
 }
 
 TEST_CASE("CUDA autocast runs lower-precision ops in fp16 by default", "[autocast][cuda]") {

@@ -5,8 +5,13 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
 #include <tuple>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <amp/autocast.h>
@@ -223,6 +228,153 @@ TEST_CASE("custom_fwd's cast reaches into containers and skips float64 and integ
   CHECK(dtypes == std::vector<c10::ScalarType>{torch::kFloat, torch::kDouble, torch::kLong,
                                                torch::kFloat, torch::kDouble, torch::kFloat,
                                                torch::kFloat, torch::kFloat});
+}
+
+// Python, torch 2.14: @custom_fwd(device_type="cpu", cast_inputs=torch.float32) inside
+// torch.autocast("cpu"), called with d = {"h": half, "b": bf16, "d": float64, "i": int64,
+// "m": half on "meta", "n": 7}, l = [half, None, float64, int64], {"x": [half, bf16, float64]}
+// and [{"a": half}, {"b": int64}], sees inside forward: d's values float32, float32, float64,
+// int64, float16 (the meta tensor: another device type) and 7, the untouched tensors being the
+// very objects passed in; l as float32, None, float64, int64; {"x": [float32, float32, float64]};
+// [{"a": float32}, {"b": int64}]; autocast off. The caller's containers are not changed. With
+// cast_inputs=torch.bfloat16 in a float16 region, float32 and half values become bfloat16.
+TEST_CASE("custom_fwd's cast reaches tensors in c10::List, c10::Dict and std::map",
+          "[autocast][custom_function]") {
+  const auto half = torch::ones({2}, torch::kHalf);
+  const auto bf16 = torch::ones({2}, torch::kBFloat16);
+  const auto dbl = torch::ones({2}, torch::kDouble);
+  const auto ints = torch::ones({2}, torch::kLong);
+  const auto meta =
+      torch::ones({2}, torch::TensorOptions().dtype(torch::kHalf).device(torch::kMeta));
+  using Dtypes = std::vector<c10::ScalarType>;
+
+  c10::List<torch::Tensor> list({half, bf16, dbl, ints, meta});
+  c10::List<std::optional<torch::Tensor>> optionals;
+  optionals.push_back(half);
+  optionals.push_back(std::nullopt);
+  optionals.push_back(dbl);
+  optionals.push_back(ints);
+  c10::Dict<std::string, torch::Tensor> dict;
+  std::map<std::string, torch::Tensor> map;
+  std::unordered_map<int64_t, torch::Tensor> hashed;
+  int64_t key = 0;
+  const std::vector<std::pair<std::string, torch::Tensor>> entries{
+      {"h", half}, {"b", bf16}, {"d", dbl}, {"i", ints}, {"m", meta}};
+  for (const auto& [name, tensor] : entries) {
+    dict.insert(name, tensor);
+    map.emplace(name, tensor);
+    hashed.emplace(key++, tensor);
+  }
+  const auto in_order = [](const auto& lookup) {
+    return Dtypes{lookup("h").scalar_type(), lookup("b").scalar_type(), lookup("d").scalar_type(),
+                  lookup("i").scalar_type(), lookup("m").scalar_type()};
+  };
+  const Dtypes expected{torch::kFloat, torch::kFloat, torch::kDouble, torch::kLong, torch::kHalf};
+
+  torch::autograd::AutogradContext ctx;
+  amp::AutocastGuard autocast(torch::kCPU);
+  amp::custom_fwd(
+      &ctx, torch::kCPU, torch::kFloat,
+      [&](const c10::List<torch::Tensor>& l, const c10::List<std::optional<torch::Tensor>>& o,
+          const c10::Dict<std::string, torch::Tensor>& d,
+          const std::map<std::string, torch::Tensor>& m,
+          const std::unordered_map<int64_t, torch::Tensor>& u) {
+        CHECK_FALSE(at::autocast::is_autocast_enabled(torch::kCPU));
+        Dtypes from_list;
+        for (size_t i = 0; i < l.size(); ++i) from_list.push_back(l.get(i).scalar_type());
+        CHECK(from_list == expected);
+        REQUIRE(o.size() == 4);
+        CHECK(o.get(0)->scalar_type() == torch::kFloat);
+        CHECK_FALSE(o.get(1).has_value());
+        CHECK(o.get(2)->scalar_type() == torch::kDouble);
+        CHECK(o.get(3)->scalar_type() == torch::kLong);
+        CHECK(in_order([&](const char* k) { return d.at(k); }) == expected);
+        CHECK(in_order([&](const char* k) { return m.at(k); }) == expected);
+        const std::map<std::string, int64_t> index{
+            {"h", 0}, {"b", 1}, {"d", 2}, {"i", 3}, {"m", 4}};
+        CHECK(in_order([&](const char* k) { return u.at(index.at(k)); }) == expected);
+        // Tensors that are not cast are passed on as themselves, as in Python.
+        CHECK(d.at("d").is_same(dbl));
+        CHECK(m.at("i").is_same(ints));
+        CHECK(l.get(4).is_same(meta));
+        return 0;
+      },
+      list, optionals, dict, map, hashed);
+
+  // The caller's containers, c10::List and c10::Dict included (they share storage between
+  // copies), still hold the original tensors.
+  CHECK(list.get(0).is_same(half));
+  CHECK(optionals.get(0)->is_same(half));
+  CHECK(dict.at("h").is_same(half));
+  CHECK(map.at("h").is_same(half));
+  CHECK(hashed.at(0).is_same(half));
+
+  SECTION("nested containers") {
+    c10::List<c10::List<torch::Tensor>> lists;
+    lists.push_back(c10::List<torch::Tensor>({half, bf16}));
+    lists.push_back(c10::List<torch::Tensor>({dbl}));
+    c10::Dict<std::string, c10::List<torch::Tensor>> dict_of_lists;
+    dict_of_lists.insert("x", c10::List<torch::Tensor>({half, bf16, dbl}));
+    const std::map<std::string, std::vector<torch::Tensor>> map_of_vectors{
+        {"x", {half, bf16, dbl}}};
+    const std::vector<std::map<std::string, torch::Tensor>> vector_of_maps{{{"a", half}},
+                                                                           {{"b", ints}}};
+    const auto dtypes_of = [](const auto& tensors) {
+      Dtypes out;
+      for (const torch::Tensor& t : tensors) out.push_back(t.scalar_type());
+      return out;
+    };
+    amp::custom_fwd(
+        &ctx, torch::kCPU, torch::kFloat,
+        [&](const c10::List<c10::List<torch::Tensor>>& ll,
+            const c10::Dict<std::string, c10::List<torch::Tensor>>& dl,
+            const std::map<std::string, std::vector<torch::Tensor>>& mv,
+            const std::vector<std::map<std::string, torch::Tensor>>& vm) {
+          CHECK(dtypes_of(ll.get(0).vec()) == Dtypes{torch::kFloat, torch::kFloat});
+          CHECK(dtypes_of(ll.get(1).vec()) == Dtypes{torch::kDouble});
+          CHECK(dtypes_of(dl.at("x").vec()) ==
+                Dtypes{torch::kFloat, torch::kFloat, torch::kDouble});
+          CHECK(dtypes_of(mv.at("x")) == Dtypes{torch::kFloat, torch::kFloat, torch::kDouble});
+          CHECK(vm.at(0).at("a").scalar_type() == torch::kFloat);
+          CHECK(vm.at(1).at("b").scalar_type() == torch::kLong);
+          return 0;
+        },
+        lists, dict_of_lists, map_of_vectors, vector_of_maps);
+    CHECK(lists.get(0).get(0).is_same(half));
+    CHECK(dict_of_lists.at("x").get(0).is_same(half));
+  }
+  SECTION("another cast_inputs dtype in another region dtype") {
+    amp::AutocastGuard half_region(torch::kCPU, torch::kHalf);
+    const std::map<std::string, torch::Tensor> inputs{
+        {"f", torch::ones({2})}, {"h", half}, {"d", dbl}, {"i", ints}};
+    const auto seen = amp::custom_fwd(
+        &ctx, torch::kCPU, torch::kBFloat16,
+        [](const std::map<std::string, torch::Tensor>& m) {
+          return Dtypes{m.at("f").scalar_type(), m.at("h").scalar_type(), m.at("d").scalar_type(),
+                        m.at("i").scalar_type()};
+        },
+        inputs);
+    CHECK(seen == Dtypes{torch::kBFloat16, torch::kBFloat16, torch::kDouble, torch::kLong});
+  }
+}
+
+// Python's custom_fwd casts the tensor keys of a dict as well; amp leaves keys alone on purpose
+// (see custom_fwd), so a tensor key still finds its entry by identity.
+TEST_CASE("custom_fwd's cast leaves map keys alone", "[autocast][custom_function]") {
+  const auto key = torch::ones({2}, torch::kHalf);
+  c10::Dict<torch::Tensor, torch::Tensor> dict;
+  dict.insert(key, torch::ones({2}, torch::kHalf));
+  torch::autograd::AutogradContext ctx;
+  amp::AutocastGuard autocast(torch::kCPU);
+  amp::custom_fwd(
+      &ctx, torch::kCPU, torch::kFloat,
+      [&](const c10::Dict<torch::Tensor, torch::Tensor>& d) {
+        REQUIRE(d.contains(key));
+        CHECK(d.begin()->key().is_same(key));
+        CHECK(d.at(key).scalar_type() == torch::kFloat);
+        return 0;
+      },
+      dict);
 }
 
 TEST_CASE("custom_bwd without custom_fwd's state is an error saying what to do",

@@ -39,6 +39,35 @@ struct AutocastOptions {
   TORCH_ARG(std::optional<bool>, cache_enabled) = std::nullopt;
 };
 
+namespace detail {
+
+/// What torch.autocast's validation makes of a request (see AutocastGuard).
+enum class AutocastRequestCheck {
+  /// The region runs with autocast on.
+  enabled,
+  /// `enabled` was false: nothing is checked but the device type, and the region runs disabled.
+  disabled,
+  /// at::autocast does not know the device type.
+  unsupported_device,
+  /// kCUDA while CUDA is unavailable: the region runs disabled after a warning.
+  cuda_unavailable,
+  /// A dtype the device type does not accept.
+  unsupported_dtype,
+  /// kCUDA with kBFloat16 on a GPU that cannot hold bf16 tensors.
+  cuda_bf16_unsupported,
+};
+
+/// AutocastGuard's validation rule, apart from the machine it runs on, so that the CUDA rules can
+/// be checked without a GPU. `cuda_available` and `cuda_bf16_supported` answer for the machine;
+/// like Python, the rule asks them only for an enabled kCUDA request (the second one only for
+/// kBFloat16 once CUDA is available), so a CPU region never initializes CUDA.
+/// Returns: the outcome; AutocastGuard turns it into a region, a warning or an error.
+AMP_EXPORT AutocastRequestCheck check_autocast_request(
+    c10::DeviceType device, c10::ScalarType dtype, bool enabled,
+    const std::function<bool()>& cuda_available, const std::function<bool()>& cuda_bf16_supported);
+
+}  // namespace detail
+
 /// RAII autocast region: the C++ form of `with torch.autocast(...)`.
 ///
 /// Construction validates the request, then enters the region exactly as Python's
@@ -50,30 +79,43 @@ struct AutocastOptions {
 /// restores the enabled flag, dtype and cache flag. The destructor never throws, so the state is
 /// restored also when an exception leaves the region.
 ///
-/// Validation (only when `enabled` is true, as in Python):
-/// - a device type at::autocast does not know throws c10::Error
-///   "User specified an unsupported autocast device_type '<type>'" (Python's wording);
-/// - a dtype other than kBFloat16 / kHalf (e.g. kDouble, kFloat, kInt) throws c10::Error naming
-///   the device, the dtype and the allowed dtypes. Python only warns and runs the region
-///   disabled; amp throws on purpose: a C++ caller passing float64 has a bug, and a silently
-///   fp32 region would hide it. Use `enabled = false` for a full-precision region;
-/// - kCUDA while CUDA is unavailable (no GPU, or a CPU-only LibTorch) warns once per process and
-///   runs the region disabled, as Python does (the state is still saved and restored and the
-///   nesting still counted);
-/// - kCUDA with kBFloat16 on a GPU that cannot hold bf16 tensors throws c10::Error, as Python's
-///   `torch.cuda.is_bf16_supported()` decides: GPUs before compute capability 8.0 pass too when
-///   they emulate bf16.
+/// Validation follows Python's `torch.autocast.__init__` (torch/amp/autocast_mode.py):
+/// - a device type at::autocast does not know throws c10::Error "User specified an unsupported
+///   autocast device_type '<type>'" (Python's wording), also for a disabled region;
+/// - everything below applies only when `enabled` is true: a disabled region accepts any dtype;
+/// - kCUDA: while CUDA is unavailable (at::hasCUDA() is false: no GPU, or a LibTorch or program
+///   without CUDA) the region runs disabled after a warning, whatever the dtype (the state is still
+///   saved and restored and the nesting still counted). Python's test differs in one point: it
+///   also counts CUDA as available when the torch_xla package is installed, which has no meaning
+///   for LibTorch. With CUDA, every dtype is accepted, as Python accepts any dtype for CUDA:
+///   float32 gives a region whose lower-precision ops run in float32, and a dtype those ops have
+///   no kernel for fails in the first of them. The one exception: kBFloat16 throws c10::Error when
+///   the current GPU cannot hold bf16 tensors (Python's `torch.cuda.is_bf16_supported()`: compute
+///   capability 8.0+, ROCm, or an older GPU that emulates bf16);
+/// - every other device type accepts kBFloat16 and kHalf only. Python warns and runs the region
+///   disabled for any other dtype; amp throws c10::Error naming the device, the dtype and the
+///   allowed dtypes instead, on purpose: a C++ caller passing, say, float32 to a CPU region has a
+///   bug, and a silently full-precision region would hide it. Use `enabled = false` for a
+///   full-precision region;
+/// - PrivateUse1 accepts kBFloat16 and kHalf: Python asks the backend's registered Python module
+///   (`get_amp_supported_dtype()`), which LibTorch has no C++ counterpart of.
+/// The CUDA warning is raised once per process (TORCH_WARN_ONCE); Python warns through
+/// `warnings.warn`, which by default shows it once per calling line.
 ///
-/// Autocast state is thread-local: the guard affects only the calling thread (see
-/// AutocastStateGuard). Guards must be destroyed in reverse order of construction on the thread
-/// that created them, which scoping guarantees; the guard can be neither copied nor moved.
+/// Autocast state (enabled flags, dtypes, cache flag, nesting count) is thread-local: the guard
+/// changes it only for the calling thread (see AutocastStateGuard). The weight-cast cache is not:
+/// it is one process-wide map, so the outermost region's exit on one thread also drops casts that
+/// regions still open on other threads had cached (they are cast again on their next use). Guards
+/// must be destroyed in reverse order of construction on the thread that created them, which
+/// scoping guarantees; the guard can be neither copied nor moved.
 class AMP_EXPORT AutocastGuard {
  public:
   /// Opens a region on `device`.
   /// Args: device: kCPU, kCUDA or another autocast device type; dtype: the lower-precision
   ///   dtype, unset for the device's current autocast dtype; enabled: false for an autocast-off
   ///   region; cache_enabled: the weight-cast cache flag inside the region, unset to keep it.
-  /// Errors: c10::Error for an unsupported device type or dtype (see the class comment).
+  /// Errors: c10::Error for an unsupported device type or dtype, or bf16 on a GPU without it
+  ///   (see the class comment).
   explicit AutocastGuard(c10::DeviceType device,
                          std::optional<c10::ScalarType> dtype = std::nullopt, bool enabled = true,
                          std::optional<bool> cache_enabled = std::nullopt);
@@ -171,8 +213,20 @@ AMP_EXPORT AutocastState capture_autocast_state();
 /// Not needed for backward passes: autograd's engine carries the enabled flags (and dtypes) of
 /// the thread that called backward() into its device worker threads by itself.
 ///
-/// The guard counts as an autocast region: it increments the nesting count and, when the count
-/// returns to 0, clears the weight-cast cache, so casts cached by the worker do not outlive it.
+/// The guard counts as an autocast region: it increments the calling thread's nesting count and,
+/// when that count returns to 0, clears the weight-cast cache, as the outermost AutocastGuard
+/// does. That cache is process-wide in ATen (one map under a mutex, keyed by the fp32 weight),
+/// not per thread, which has three consequences for worker threads:
+/// - a worker's region and the regions open on other threads share cached casts: a weight cast in
+///   one thread is reused by the others while it is cached;
+/// - when a worker's outermost region ends (this guard, or an AutocastGuard in a worker with no
+///   guard around it), the whole cache is cleared, including casts of regions still open on other
+///   threads; those are cast again on their next use, which costs time and memory but gives the
+///   same values;
+/// - the cache is keyed by the weight alone, not by dtype: a worker whose state has another
+///   lower-precision dtype than a concurrently open region on another thread can receive that
+///   region's cast of a weight (an mm then fails with mismatched dtypes). Give threads that run
+///   at the same time the same autocast dtype, which capturing one thread's state ensures.
 /// Non-copyable, non-movable; the destructor never throws.
 class AMP_EXPORT AutocastStateGuard {
  public:

@@ -2,6 +2,8 @@
 // under consistent autocast state, as Python's torch.amp.custom_fwd / custom_bwd do.
 #pragma once
 
+#include <ATen/core/Dict.h>
+#include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
@@ -10,9 +12,11 @@
 
 #include <concepts>
 #include <functional>
+#include <map>
 #include <optional>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -66,9 +70,30 @@ inline constexpr bool is_tuple_like_v<std::tuple<T...>> = true;
 template <class A, class B>
 inline constexpr bool is_tuple_like_v<std::pair<A, B>> = true;
 
+template <class T>
+inline constexpr bool is_c10_list_v = false;
+template <class T>
+inline constexpr bool is_c10_list_v<c10::List<T>> = true;
+
+template <class T>
+inline constexpr bool is_c10_dict_v = false;
+template <class K, class V>
+inline constexpr bool is_c10_dict_v<c10::Dict<K, V>> = true;
+
+template <class T>
+inline constexpr bool is_std_map_v = false;
+template <class K, class V, class C, class A>
+inline constexpr bool is_std_map_v<std::map<K, V, C, A>> = true;
+
+template <class T>
+inline constexpr bool is_std_unordered_map_v = false;
+template <class K, class V, class H, class E, class A>
+inline constexpr bool is_std_unordered_map_v<std::unordered_map<K, V, H, E, A>> = true;
+
 /// Casts one forward argument for custom_fwd, recursing into std::optional, std::vector,
-/// at::TensorList (which becomes a std::vector<at::Tensor>), std::tuple and std::pair; any other
-/// value is passed through untouched (forwarded as the same reference).
+/// at::TensorList (which becomes a std::vector<at::Tensor>), std::tuple, std::pair, c10::List,
+/// and the values of c10::Dict, std::map and std::unordered_map (keys are left as they are); any
+/// other value is passed through untouched (forwarded as the same reference).
 template <class T>
 decltype(auto) cast_forward_arg(T&& value, c10::DeviceType device, c10::ScalarType dtype) {
   using V = std::remove_cvref_t<T>;
@@ -93,6 +118,33 @@ decltype(auto) cast_forward_arg(T&& value, c10::DeviceType device, c10::ScalarTy
     return std::apply(
         [&](const auto&... elements) { return V(cast_forward_arg(elements, device, dtype)...); },
         value);
+  } else if constexpr (is_c10_list_v<V>) {
+    // c10::List shares its storage between copies: the caller's list must stay as it was, so
+    // the casts go into a copy (which keeps the element type, also for a list of IValues).
+    V out = value.copy();
+    for (size_t i = 0; i < out.size(); ++i) out.set(i, cast_forward_arg(out.get(i), device, dtype));
+    return out;
+  } else if constexpr (is_c10_dict_v<V>) {
+    V out = value.copy();  // shared storage, as for c10::List
+    for (const auto& entry : out) entry.setValue(cast_forward_arg(entry.value(), device, dtype));
+    return out;
+  } else if constexpr (is_std_map_v<V> || is_std_unordered_map_v<V>) {
+    using Elem =
+        std::remove_cvref_t<decltype(cast_forward_arg(value.begin()->second, device, dtype))>;
+    if constexpr (is_std_map_v<V>) {
+      std::map<typename V::key_type, Elem, typename V::key_compare> out(value.key_comp());
+      for (const auto& [key, element] : value) {
+        out.emplace(key, cast_forward_arg(element, device, dtype));
+      }
+      return out;
+    } else {
+      std::unordered_map<typename V::key_type, Elem, typename V::hasher, typename V::key_equal> out(
+          value.bucket_count(), value.hash_function(), value.key_eq());
+      for (const auto& [key, element] : value) {
+        out.emplace(key, cast_forward_arg(element, device, dtype));
+      }
+      return out;
+    }
   } else {
     return std::forward<T>(value);
   }
@@ -128,9 +180,15 @@ std::invoke_result_t<Fn, Args...> custom_fwd(torch::autograd::AutogradContext* c
 /// Like the overload above, with Python's `cast_inputs`: when autocast is on for `device`, `fn`
 /// runs with autocast off and every floating tensor argument on `device` (float64 excluded) is
 /// first cast to `cast_inputs`, also inside std::optional, std::vector, at::TensorList (passed
-/// on as a std::vector<at::Tensor>), std::tuple and std::pair; other arguments are untouched.
-/// Outside an autocast region it just calls `fn(args...)`. Either way it records "autocast off"
-/// and the device's autocast dtype, so custom_bwd runs backward with autocast off too.
+/// on as a std::vector<at::Tensor>), std::tuple, std::pair and c10::List, and in the values of
+/// c10::Dict, std::map and std::unordered_map, nested to any depth; other arguments are
+/// untouched. A container comes out as a new container of the same type (c10::List and
+/// c10::Dict too, so the caller's own, which share storage between copies, are not changed).
+/// Map keys are never cast: Python's custom_fwd casts tensor keys of a dict as well, but a C++
+/// map's keys order or hash its entries, and a tensor key of a c10::Dict is looked up by identity,
+/// which a cast would break. Outside an autocast region it just calls `fn(args...)`. Either way
+/// it records "autocast off" and the device's autocast dtype, so custom_bwd runs backward with
+/// autocast off too.
 /// Args: ctx: forward's context; device: the device type; cast_inputs: the dtype forward
 ///   computes in (e.g. at::kFloat for an op that needs full precision); fn, args: as above.
 /// Returns: what `fn` returns.

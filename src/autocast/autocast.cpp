@@ -14,9 +14,10 @@
 namespace amp {
 namespace {
 
-// Python's torch.autocast accepts these two for every device type (custom PrivateUse1 backends
-// may declare their own list, which LibTorch has no C++ hook for).
-bool is_supported_dtype(c10::ScalarType dtype) {
+// The dtypes Python's torch.autocast accepts for every device type but CUDA (autocast_mode.py's
+// device_supported_dtypes); CUDA takes any dtype, and a PrivateUse1 backend's Python module may
+// declare its own list, which LibTorch has no C++ hook for.
+bool is_lower_precision_dtype(c10::ScalarType dtype) {
   return dtype == c10::kBFloat16 || dtype == c10::kHalf;
 }
 
@@ -58,26 +59,29 @@ bool cuda_bf16_supported() {
   return ok;
 }
 
-// Python's autocast.__init__ validation; returns whether the region really enables autocast.
+// Applies torch.autocast.__init__'s rule on this machine; returns whether the region really
+// enables autocast. The device type was checked before (see the constructor).
 bool validate_request(c10::DeviceType device, c10::ScalarType dtype, bool enabled) {
-  if (!enabled) return false;
-  const std::string name = c10::DeviceTypeName(device);  // upper case, as Python prints it
-  TORCH_CHECK(is_supported_dtype(dtype), "In ", name, " autocast, the target dtype ", dtype,
-              " is not supported: ", name,
+  using detail::AutocastRequestCheck;
+  const auto check = detail::check_autocast_request(
+      device, dtype, enabled, [] { return at::hasCUDA(); }, cuda_bf16_supported);
+  TORCH_INTERNAL_ASSERT(check != AutocastRequestCheck::unsupported_device);
+  if (check == AutocastRequestCheck::cuda_unavailable) {
+    TORCH_WARN_ONCE(
+        "CUDA autocast was requested but CUDA is not available (no GPU, or a CPU-only "
+        "LibTorch). Disabling autocast for CUDA regions.");
+    return false;
+  }
+  // The device name in upper case, as Python prints it.
+  TORCH_CHECK(check != AutocastRequestCheck::unsupported_dtype, "In ", c10::DeviceTypeName(device),
+              " autocast, the target dtype ", dtype,
+              " is not supported: ", c10::DeviceTypeName(device),
               " autocast supports BFloat16 and Half. Pass dtype at::kBFloat16 or at::kHalf, or "
               "open the region with enabled=false to run it in full precision.");
-  if (device == c10::kCUDA) {
-    if (!at::hasCUDA()) {
-      TORCH_WARN_ONCE(
-          "CUDA autocast was requested but CUDA is not available (no GPU, or a CPU-only "
-          "LibTorch). Disabling autocast for CUDA regions.");
-      return false;
-    }
-    TORCH_CHECK(dtype != c10::kBFloat16 || cuda_bf16_supported(),
-                "Current CUDA Device does not support bfloat16. Please switch dtype to float16 "
-                "(at::kHalf).");
-  }
-  return true;
+  TORCH_CHECK(check != AutocastRequestCheck::cuda_bf16_unsupported,
+              "Current CUDA Device does not support bfloat16. Please switch dtype to float16 "
+              "(at::kHalf).");
+  return check == AutocastRequestCheck::enabled;
 }
 
 // Entering and leaving a region share these; the order is torch.autocast's (see the header).
@@ -111,6 +115,32 @@ void restore_state(const AutocastState& state) {
 bool is_autocast_available(c10::DeviceType device) {
   return at::autocast::is_autocast_available(device);
 }
+
+namespace detail {
+
+// torch/amp/autocast_mode.py, autocast.__init__: the device type is checked first and for every
+// request; the dtype only for an enabled one: CUDA checks availability, then bf16 support, and no
+// dtype list; the other device types check device_supported_dtypes.
+AutocastRequestCheck check_autocast_request(c10::DeviceType device, c10::ScalarType dtype,
+                                            bool enabled,
+                                            const std::function<bool()>& cuda_available,
+                                            const std::function<bool()>& cuda_bf16_supported) {
+  if (!at::autocast::is_autocast_available(device)) {
+    return AutocastRequestCheck::unsupported_device;
+  }
+  if (!enabled) return AutocastRequestCheck::disabled;
+  if (device == c10::kCUDA) {
+    if (!cuda_available()) return AutocastRequestCheck::cuda_unavailable;
+    if (dtype == c10::kBFloat16 && !cuda_bf16_supported()) {
+      return AutocastRequestCheck::cuda_bf16_unsupported;
+    }
+    return AutocastRequestCheck::enabled;
+  }
+  return is_lower_precision_dtype(dtype) ? AutocastRequestCheck::enabled
+                                         : AutocastRequestCheck::unsupported_dtype;
+}
+
+}  // namespace detail
 
 AutocastGuard::AutocastGuard(c10::DeviceType device, std::optional<c10::ScalarType> dtype,
                              bool enabled, std::optional<bool> cache_enabled)
