@@ -1,9 +1,11 @@
 """GradScaler parity: the same scripted training with torch.amp (here) and amp (C++ driver).
 
-Usage: scaler_parity.py SCENARIO DRIVER WORKDIR
+Usage: scaler_parity.py SCENARIO DRIVER WORKDIR [DEVICE]
 Generates initial weights and data, runs the reference training with torch.amp.GradScaler and
-torch.autocast, runs DRIVER (the C++ twin) on the same inputs, and compares exactly: scale and
-growth tracker after every step, which steps were skipped, each step's loss, final parameters.
+torch.autocast on DEVICE ("cpu", the default, or "cuda"), runs DRIVER (the C++ twin) on the same
+inputs and device, and compares exactly: scale and growth tracker after every step, which steps
+were skipped, each step's loss, final parameters. With "cuda" and no usable GPU it exits 77
+(CTest's skip code) without running anything.
 """
 import math
 import os
@@ -14,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 # Every scenario: overrides of the defaults below. The C++ driver reads the same dict.
-DEFAULTS = dict(dtype="float16", steps=10, init_scale=65536.0, growth_factor=2.0,
+DEFAULTS = dict(device="cpu", dtype="float16", steps=10, init_scale=65536.0, growth_factor=2.0,
                 backoff_factor=0.5, growth_interval=2000, optimizer="sgd", accumulate=1,
                 clip=0.0, two_models=0, new_scale_at=-1, new_scale=0.0, new_scale_tensor_at=-1,
                 new_scale_tensor=0.0, resume_at=-1, data_scale=1.0, inject=[])
@@ -68,7 +70,7 @@ def make_optimizer(config, params):
 
 
 def make_scaler(config):
-    return torch.amp.GradScaler("cpu", init_scale=config["init_scale"],
+    return torch.amp.GradScaler(config["device"], init_scale=config["init_scale"],
                                 growth_factor=config["growth_factor"],
                                 backoff_factor=config["backoff_factor"],
                                 growth_interval=config["growth_interval"])
@@ -76,9 +78,12 @@ def make_scaler(config):
 
 def reference(config, weights, xs, ys, workdir):
     torch.set_num_threads(1)
+    device = config["device"]
     dtype = DTYPES[config["dtype"]]
     autocast = dtype != torch.float32
-    params = [w.clone().requires_grad_(True) for w in weights]
+    params = [w.to(device, copy=True).requires_grad_(True) for w in weights]
+    xs = [x.to(device) for x in xs]
+    ys = [y.to(device) for y in ys]
     groups = [params[i:i + 4] for i in range(0, len(params), 4)]
     optimizers = [make_optimizer(config, g) for g in groups]
     scaler = make_scaler(config)
@@ -88,10 +93,10 @@ def reference(config, weights, xs, ys, workdir):
     for step in range(config["steps"]):
         for opt in optimizers:
             opt.zero_grad()
-        step_loss = torch.zeros(())
+        step_loss = torch.zeros((), device=device)
         for micro in range(acc):
             x, y = xs[step * acc + micro], ys[step * acc + micro]
-            with torch.autocast("cpu", dtype=dtype, enabled=autocast):
+            with torch.autocast(device, dtype=dtype, enabled=autocast):
                 if config["two_models"]:
                     out0, out1 = forward(groups[0], x), forward(groups[1], x)
                     loss0 = F.mse_loss(2 * out0 + 3 * out1, y)
@@ -126,7 +131,7 @@ def reference(config, weights, xs, ys, workdir):
         if step == config["resume_at"]:
             path = os.path.join(workdir, "python_resume.pt")
             torch.save(scaler.state_dict(), path)
-            scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
+            scaler = torch.amp.GradScaler(device, init_scale=1.0)
             scaler.load_state_dict(torch.load(path, weights_only=True))
         scales.append(scaler.get_scale())
         trackers.append(scaler._get_growth_tracker())
@@ -134,8 +139,8 @@ def reference(config, weights, xs, ys, workdir):
         losses.append(step_loss)
     return dict(scales=torch.tensor(scales, dtype=torch.float64),
                 trackers=torch.tensor(trackers, dtype=torch.int64),
-                skipped=torch.tensor(skipped, dtype=torch.bool), losses=torch.stack(losses),
-                params=[p.detach() for p in params])
+                skipped=torch.tensor(skipped, dtype=torch.bool), losses=torch.stack(losses).cpu(),
+                params=[p.detach().cpu() for p in params])
 
 
 def same_bits(a, b):
@@ -147,8 +152,11 @@ def same_bits(a, b):
     return torch.equal(a, b)
 
 
-def main(scenario, driver, workdir):
-    config = dict(DEFAULTS, **SCENARIOS[scenario])
+def main(scenario, driver, workdir, device="cpu"):
+    if device == "cuda" and not torch.cuda.is_available():
+        print("skipped: the CUDA scenarios need a GPU and torch sees none")
+        sys.exit(77)
+    config = dict(DEFAULTS, **SCENARIOS[scenario], device=device)
     os.makedirs(workdir, exist_ok=True)
     weights, xs, ys = make_inputs(config)
     inputs = dict(config, inject=torch.tensor(config["inject"], dtype=torch.int64).reshape(-1, 2),
@@ -173,8 +181,8 @@ def main(scenario, driver, workdir):
             failures.append(f"param {i}: max abs diff {(e - a).abs().max().item()}")
     if len(expected["params"]) != len(actual["params"]):
         failures.append("different number of parameters")
-    print(f"{scenario}: scales {expected['scales'].tolist()}")
-    print(f"{scenario}: skipped {expected['skipped'].int().tolist()}")
+    print(f"{scenario} on {device}: scales {expected['scales'].tolist()}")
+    print(f"{scenario} on {device}: skipped {expected['skipped'].int().tolist()}")
     if failures:
         print("MISMATCH\n" + "\n".join(failures))
         sys.exit(1)
@@ -182,4 +190,4 @@ def main(scenario, driver, workdir):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

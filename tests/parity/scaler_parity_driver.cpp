@@ -1,5 +1,5 @@
-// C++ twin of scaler_parity.py's reference training: runs amp::GradScaler + amp::AutocastGuard on
-// the same inputs and writes the per-step trajectory and final parameters for comparison.
+// C++ twin of scaler_parity.py's reference training: amp::GradScaler + amp::AutocastGuard on the
+// same inputs and device, writing the per-step trajectory and final parameters for comparison.
 #include <torch/torch.h>
 
 #include <cmath>
@@ -64,12 +64,12 @@ void clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
   }
 }
 
-amp::GradScaler make_scaler(const Inputs& in) {
-  return amp::GradScaler(c10::DeviceType::CPU, amp::GradScalerOptions()
-                                                   .init_scale(in.real("init_scale"))
-                                                   .growth_factor(in.real("growth_factor"))
-                                                   .backoff_factor(in.real("backoff_factor"))
-                                                   .growth_interval(in.integer("growth_interval")));
+amp::GradScaler make_scaler(const Inputs& in, c10::DeviceType device) {
+  return amp::GradScaler(device, amp::GradScalerOptions()
+                                     .init_scale(in.real("init_scale"))
+                                     .growth_factor(in.real("growth_factor"))
+                                     .backoff_factor(in.real("backoff_factor"))
+                                     .growth_interval(in.integer("growth_interval")));
 }
 
 }  // namespace
@@ -82,6 +82,7 @@ int main(int argc, char* argv[]) {
   torch::set_num_threads(1);
   const Inputs in(argv[1]);
   const std::string workdir = argv[3];
+  const torch::Device device(in.text("device"));
   const std::string dtype_name = in.text("dtype");
   const auto dtype = dtype_name == "float16"    ? torch::kHalf
                      : dtype_name == "bfloat16" ? torch::kBFloat16
@@ -91,11 +92,14 @@ int main(int argc, char* argv[]) {
   const int64_t acc = in.integer("accumulate");
   const bool two_models = in.integer("two_models") != 0;
   const double clip = in.real("clip");
-  const auto xs = in.tensors("xs");
-  const auto ys = in.tensors("ys");
+  std::vector<torch::Tensor> xs, ys;
+  for (const auto& x : in.tensors("xs")) xs.push_back(x.to(device));
+  for (const auto& y : in.tensors("ys")) ys.push_back(y.to(device));
 
   std::vector<torch::Tensor> params;
-  for (const auto& w : in.tensors("weights")) params.push_back(w.clone().requires_grad_(true));
+  for (const auto& w : in.tensors("weights")) {
+    params.push_back(w.to(device, /*non_blocking=*/false, /*copy=*/true).requires_grad_(true));
+  }
   std::vector<std::vector<torch::Tensor>> groups;
   for (size_t i = 0; i < params.size(); i += 4) {
     groups.emplace_back(params.begin() + i, params.begin() + i + 4);
@@ -108,20 +112,20 @@ int main(int argc, char* argv[]) {
     inject[inject_table[i][0].item<int64_t>()] = inject_table[i][1].item<int64_t>();
   }
 
-  auto scaler = make_scaler(in);
+  auto scaler = make_scaler(in, device.type());
   std::vector<double> scales;
   std::vector<int64_t> trackers;
   std::vector<bool> skipped;
   std::vector<torch::Tensor> losses;
   for (int64_t step = 0; step < steps; ++step) {
     for (auto& opt : optimizers) opt->zero_grad();
-    auto step_loss = torch::zeros({});
+    auto step_loss = torch::zeros({}, device);
     for (int64_t micro = 0; micro < acc; ++micro) {
       const auto& x = xs[step * acc + micro];
       const auto& y = ys[step * acc + micro];
       torch::Tensor loss0, loss1;
       {
-        amp::AutocastGuard guard(c10::DeviceType::CPU, dtype, autocast);
+        amp::AutocastGuard guard(device.type(), dtype, autocast);
         if (two_models) {
           const auto out0 = forward(groups[0], x);
           const auto out1 = forward(groups[1], x);
@@ -164,9 +168,9 @@ int main(int argc, char* argv[]) {
       // must hold the same state.
       const std::string own_path = workdir + "/cpp_resume.pt";
       scaler.save_state_dict(own_path);
-      amp::GradScaler resumed(c10::DeviceType::CPU, amp::GradScalerOptions().init_scale(1.0));
+      amp::GradScaler resumed(device.type(), amp::GradScalerOptions().init_scale(1.0));
       resumed.load_state_dict(workdir + "/python_resume.pt");
-      amp::GradScaler own(c10::DeviceType::CPU, amp::GradScalerOptions().init_scale(1.0));
+      amp::GradScaler own(device.type(), amp::GradScalerOptions().init_scale(1.0));
       own.load_state_dict(own_path);
       if (own.get_scale() != resumed.get_scale() ||
           own.get_growth_tracker() != resumed.get_growth_tracker()) {
@@ -187,9 +191,9 @@ int main(int argc, char* argv[]) {
   auto skipped_tensor = torch::zeros({steps}, torch::kBool);
   for (int64_t i = 0; i < steps; ++i) skipped_tensor[i] = static_cast<bool>(skipped[i]);
   result.insert("skipped", skipped_tensor);
-  result.insert("losses", torch::stack(losses));
+  result.insert("losses", torch::stack(losses).cpu());
   c10::List<torch::Tensor> final_params;
-  for (const auto& p : params) final_params.push_back(p.detach());
+  for (const auto& p : params) final_params.push_back(p.detach().cpu());
   result.insert("params", final_params);
   const auto bytes = torch::pickle_save(result);
   std::ofstream(argv[2], std::ios::binary).write(bytes.data(), bytes.size());
