@@ -78,10 +78,11 @@ void GradScaler::lazy_init(const c10::Device& device) {
                                      at::TensorOptions().dtype(at::kInt).device(device));
   }
   if (options_.track_counters()) {
-    counters_ = at::tensor({init_counters_.steps_taken, init_counters_.steps_skipped,
-                            init_counters_.consecutive_skips},
-                           at::TensorOptions().dtype(at::kLong))
-                    .to(device);
+    // Filled on the device: a copy from host memory would make the first scale() a host sync.
+    counters_ = at::empty({3}, at::TensorOptions().dtype(at::kLong).device(device));
+    counters_.select(0, 0).fill_(init_counters_.steps_taken);
+    counters_.select(0, 1).fill_(init_counters_.steps_skipped);
+    counters_.select(0, 2).fill_(init_counters_.consecutive_skips);
   }
 }
 
