@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <system_error>
 
 namespace amp_examples {
@@ -31,6 +32,25 @@ void CommandLine::add_option(std::string name, std::string value_name, std::stri
 void CommandLine::add_flag(std::string name, std::string help, std::function<void()> set) {
   options_.push_back(
       {std::move(name), std::string(), std::move(help), [set](std::string_view) { set(); }});
+}
+
+void CommandLine::add_integer_option(std::string name, std::string value_name,
+                                     std::string_view help, std::int64_t& target,
+                                     std::int64_t min) {
+  std::string option = "--" + name;
+  add_option(std::move(name), std::move(value_name), fmt::format("{} (default {})", help, target),
+             [&target, min, option = std::move(option)](std::string_view value) {
+               target = parse_integer(option, value, min, std::numeric_limits<std::int64_t>::max());
+             });
+}
+
+void CommandLine::add_positive_option(std::string name, std::string value_name,
+                                      std::string_view help, double& target) {
+  std::string option = "--" + name;
+  add_option(std::move(name), std::move(value_name), fmt::format("{} (default {})", help, target),
+             [&target, option = std::move(option)](std::string_view value) {
+               target = parse_positive_number(option, value);
+             });
 }
 
 const CommandLine::Option* CommandLine::find(std::string_view name) const {

@@ -40,6 +40,18 @@ class CommandLine {
   ///   time the flag is given.
   void add_flag(std::string name, std::string help, std::function<void()> set);
 
+  /// Registers an option whose value is a whole number from `min` up, stored in `target`.
+  /// Args: name, value_name: as for add_option; help: one line without the default, which is
+  ///   appended from `target` as " (default N)"; target: holds the default and receives the
+  ///   value; min: the smallest value accepted.
+  void add_integer_option(std::string name, std::string value_name, std::string_view help,
+                          std::int64_t& target, std::int64_t min);
+
+  /// Registers an option whose value is a finite number greater than zero, stored in `target`;
+  /// the help gets " (default X)" from `target`, as for add_integer_option.
+  void add_positive_option(std::string name, std::string value_name, std::string_view help,
+                           double& target);
+
   /// Parses the arguments after the program name, calling each option's setter in order.
   /// Args: argc, argv: as passed to main.
   /// Returns: false when help was requested (the caller prints usage() and exits 0), else true.
@@ -49,6 +61,9 @@ class CommandLine {
 
   /// Returns: the usage text: the usage line, the summary and one line per option.
   std::string usage() const;
+
+  /// Returns: the program's name, as given to the constructor.
+  const std::string& program() const { return program_; }
 
  private:
   struct Option {

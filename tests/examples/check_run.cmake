@@ -1,12 +1,12 @@
-# Runs an example program and checks its exit code and output; used by tests/examples and
-# tests/examples_more (cmake -P).
+# Runs an example program and checks its exit code and output; used by tests/examples
+# (cmake -P).
 #   PROGRAM        the executable
 #   ARGS           its arguments, separated by "|" (CTest would split a ";" list)
 #   EXPECT_EXIT    the exit code it must return
 #   EXPECT_OUTPUT  optional regular expression that stdout + stderr must match
 #   EPOCHS         optional: parse the per-epoch lines (mnist_linear's format, which mlp_fashion
-#                  extends) and require this many, each
-#                  with a finite loss lower than the epoch before
+#                  extends) and require this many, each with a finite loss lower than the epoch
+#                  before
 #   MIN_ACCURACY   optional (with EPOCHS): the last epoch's test accuracy in percent must reach it
 #   SCALER         optional (with EPOCHS): ON requires every epoch line to report the loss scale
 #                  and the skipped steps (fp16), OFF requires that none does (fp32, bf16)

@@ -113,3 +113,29 @@ TEST_CASE("A choice is one of the listed words, named in the error otherwise", "
   CHECK_THROWS_WITH(amp_examples::parse_choice("--precision", "BF16", choices),
                     "--precision must be one of fp32, bf16, not 'BF16'");
 }
+
+TEST_CASE("Number options show their default and store what is given", "[examples]") {
+  std::int64_t epochs = 5;
+  std::int64_t warmup = 100;
+  double lr = 0.01;
+  amp_examples::CommandLine cli("prog", "Trains.");
+  cli.add_integer_option("epochs", "N", "passes over the data", epochs, 1);
+  cli.add_integer_option("warmup", "N", "warmup steps", warmup, 0);
+  cli.add_positive_option("lr", "RATE", "learning rate", lr);
+  const std::string usage = cli.usage();
+  CHECK_THAT(usage, Contains("--epochs N  passes over the data (default 5)"));
+  CHECK_THAT(usage, Contains("--warmup N  warmup steps (default 100)"));
+  CHECK_THAT(usage, Contains("--lr RATE   learning rate (default 0.01)"));
+
+  CHECK(parse(cli, {"--epochs", "7", "--warmup=0", "--lr", "1e-3"}));
+  CHECK(epochs == 7);
+  CHECK(warmup == 0);
+  CHECK(lr == 0.001);
+  CHECK_THROWS_WITH(parse(cli, {"--epochs", "0"}),
+                    "--epochs must be a whole number from 1 to 9223372036854775807, not '0'");
+  CHECK_THROWS_WITH(parse(cli, {"--warmup", "-1"}),
+                    "--warmup must be a whole number from 0 to 9223372036854775807, not '-1'");
+  CHECK_THROWS_WITH(parse(cli, {"--lr", "0"}),
+                    "--lr must be a finite number greater than 0, not '0'");
+  CHECK(cli.program() == "prog");
+}

@@ -1,14 +1,12 @@
 // The examples' IDX reader: header parsing, size checks, gzip and raw files, MNIST file pairing.
 #include <catch2/catch.hpp>
 
-#include <atomic>
 #include <filesystem>
 #include <string>
 
-#include <unistd.h>
-
 #include "common/idx.h"
 #include "examples/idx_writer.h"
+#include "examples/temp_dir.h"
 
 namespace {
 
@@ -18,27 +16,8 @@ using amp_examples::kIdxImagesMagic;
 using amp_examples::kIdxLabelsMagic;
 using amp_test::Bytes;
 using amp_test::encode_idx;
+using amp_test::TempDir;
 using Catch::Contains;
-
-// A fresh, empty folder per test case, removed when the case ends.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("amp_idx_tests_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 Bytes iota_bytes(std::size_t count) {
   Bytes values(count);
@@ -132,7 +111,7 @@ TEST_CASE("Dimensions whose product overflows 64 bits are reported, not wrapped 
 }
 
 TEST_CASE("A gzipped IDX file reads the same as the raw one", "[examples]") {
-  TempDir dir;
+  TempDir dir("idx_tests");
   const Bytes file = encode_idx(kIdxLabelsMagic, {5000}, iota_bytes(5000));
   amp_test::write_raw(dir.path() / "raw", file);
   amp_test::write_gzip(dir.path() / "packed.gz", file);
@@ -145,7 +124,7 @@ TEST_CASE("A gzipped IDX file reads the same as the raw one", "[examples]") {
 
 TEST_CASE("Missing, unreadable-as-gzip and truncated gzip files are errors naming the file",
           "[examples]") {
-  TempDir dir;
+  TempDir dir("idx_tests");
   CHECK_THROWS_WITH(amp_examples::read_file_bytes(dir.path() / "absent"),
                     Contains((dir.path() / "absent").string() + ": no such file"));
   CHECK_THROWS_WITH(amp_examples::read_file_bytes(dir.path()),
@@ -160,7 +139,7 @@ TEST_CASE("Missing, unreadable-as-gzip and truncated gzip files are errors namin
 
 TEST_CASE("find_idx_file prefers the raw file, falls back to .gz and names what is missing",
           "[examples]") {
-  TempDir dir;
+  TempDir dir("idx_tests");
   CHECK_THROWS_WITH(amp_examples::find_idx_file(dir.path() / "nope", "a-idx1-ubyte"),
                     Contains("nope: the data folder does not exist or is not a folder"));
   CHECK_THROWS_WITH(amp_examples::find_idx_file(dir.path(), "a-idx1-ubyte"),
@@ -172,7 +151,7 @@ TEST_CASE("find_idx_file prefers the raw file, falls back to .gz and names what 
 }
 
 TEST_CASE("load_mnist pairs images with labels and checks counts and label range", "[examples]") {
-  TempDir dir;
+  TempDir dir("idx_tests");
   write_mnist_pair(dir.path(), "train", 12);
   write_mnist_pair(dir.path(), "t10k", 3);
 

@@ -1,0 +1,67 @@
+# mlp_fashion's runs (included by CMakeLists.txt): training in each precision on the fixture,
+# clipping, skipped fp16 steps, exact resume after --stop-after, refused checkpoints, bad options,
+# and a standalone build.
+
+# 16 images per pass, 2 passes per AdamW step: 8 steps per epoch on the fixture.
+set(_mlp_args --data "${_fixture}/good" --batch-size 16 --accumulate 2 --warmup-steps 4)
+set(_logits_fp32 Float)
+set(_logits_bf16 BFloat16)
+set(_logits_fp16 Half)
+foreach(_precision IN ITEMS fp32 bf16 fp16)
+  set(_scale "")
+  if(_precision STREQUAL "fp16")
+    set(_scale ", loss scale [0-9.e+]+, skipped steps [0-9] of 8")
+  endif()
+  amp_example_run(mlp_fashion learns_the_fixture_in_${_precision} EXIT 0 EPOCHS 2 MIN_ACCURACY 90
+    OUTPUT "batch size 16 x 2 accumulated, 8 steps per epoch.*forward pass: logits ${_logits_${_precision}}, loss Float.*epoch 2/2: [^\n]*\\(clipped [0-8] of [0-8] steps\\), next lr [^,]+${_scale}, [0-9.]+ s\n"
+    ARGS ${_mlp_args} --epochs 2 --precision ${_precision})
+endforeach()
+# A norm bound far below the gradients' clips every step, and the report counts them.
+amp_example_run(mlp_fashion clips_every_step_through_the_scaler EXIT 0 EPOCHS 2
+  OUTPUT "epoch 1/2: [^\n]*\\(clipped 8 of 8 steps\\)[^\n]*\nepoch 2/2: [^\n]*\\(clipped 8 of 8 steps\\)[^\n]*, loss scale"
+  ARGS ${_mlp_args} --epochs 2 --precision fp16 --clip 0.001)
+# An initial scale of 2^22 overflows the first steps' float16 gradients: the scaler skips them
+# (clipping counts only the steps taken) and backs off until the scale fits; then training goes on.
+amp_example_run(mlp_fashion skips_overflowing_fp16_steps EXIT 0 EPOCHS 2
+  OUTPUT "epoch 1/2: [^\n]*\\(clipped [0-7] of [1-7] steps\\)[^\n]*, skipped steps [1-7] of 8,[^\n]*\nepoch 2/2: [^\n]*, skipped steps 0 of 8,"
+  ARGS ${_mlp_args} --epochs 2 --precision fp16 --init-scale 4194304)
+
+# 3 epochs in one go against 1 epoch, stopped by --stop-after, + --resume. From an overflowing
+# initial scale, the checkpoint's scale, growth tracker and skip counts differ from a fresh
+# scaler's, so a resume that lost any of them would print other lines.
+amp_example_resume(mlp_fashion resumes_fp16_exactly EPOCHS 3 STOP_AFTER 1 STOP_WITH stop-after
+  ARGS ${_mlp_args} --precision fp16 --init-scale 4194304)
+amp_example_resume(mlp_fashion resumes_bf16_exactly EPOCHS 3 STOP_AFTER 1 STOP_WITH stop-after
+  ARGS ${_mlp_args} --precision bf16)
+
+# The bf16 resume test's checkpoint, after epoch 1 of 3 (24 steps), resumed with other settings.
+set(_bf16_checkpoint "${CMAKE_CURRENT_BINARY_DIR}/mlp_fashion/resumes_bf16_exactly/split.pt")
+amp_example_run(mlp_fashion refuses_a_checkpoint_of_other_settings EXIT 1
+  OUTPUT "mlp_fashion: error: the checkpoint '[^']*resumes_bf16_exactly/split.pt' was written with accumulate 2 but this run has accumulate 4; resume with the checkpoint's settings, or start afresh without --resume"
+  ARGS --data "${_fixture}/good" --batch-size 16 --accumulate 4 --warmup-steps 4 --precision bf16
+    --epochs 3 --checkpoint "${_bf16_checkpoint}" --resume)
+amp_example_run(mlp_fashion refuses_a_checkpoint_of_another_schedule EXIT 1
+  OUTPUT "mlp_fashion: error: the checkpoint '[^']*split.pt' follows a learning-rate schedule of 24 steps but this run's has 40; resume with the --epochs the checkpoint was started with"
+  ARGS ${_mlp_args} --precision bf16 --epochs 5 --checkpoint "${_bf16_checkpoint}" --resume)
+set_tests_properties(example.mlp_fashion.refuses_a_checkpoint_of_other_settings
+  example.mlp_fashion.refuses_a_checkpoint_of_another_schedule PROPERTIES
+  DEPENDS example.mlp_fashion.resumes_bf16_exactly)
+amp_example_run(mlp_fashion rejects_resume_without_a_checkpoint_file EXIT 1
+  OUTPUT "mlp_fashion: error: --resume: there is no checkpoint at '[^']*none.pt'; run once without --resume to create it"
+  ARGS ${_mlp_args} --checkpoint "${CMAKE_CURRENT_BINARY_DIR}/mlp_fashion/none.pt" --resume)
+amp_example_run(mlp_fashion rejects_zero_accumulation EXIT 2
+  OUTPUT "mlp_fashion: error: --accumulate must be a whole number from 1 to [0-9]+, not '0'.*usage: mlp_fashion"
+  ARGS --accumulate 0)
+amp_example_run(mlp_fashion prints_help EXIT 0
+  OUTPUT "usage: mlp_fashion .*--accumulate N.*--clip NORM.*--precision \\{fp32,bf16,fp16\\}.*--device \\{cpu,cuda\\}.*--resume.*--stop-after N"
+  ARGS --help)
+amp_example_run(mlp_fashion rejects_cuda_without_a_gpu EXIT 1
+  SKIP_IF "device cuda, epochs"
+  OUTPUT "^mlp_fashion: error: --device cuda needs a CUDA GPU, but none is available \\(no GPU or driver on this machine, or a LibTorch built without CUDA\\); run on the CPU with --device cpu\n$"
+  ARGS ${_mlp_args} --device cuda)
+
+if(DEFINED _amp_prefix)
+  amp_example_standalone(mlp_fashion
+    PASS "epoch 1/1: [^\n]*\nparameters: fingerprint [0-9a-f]+\ndone: precision fp16, test accuracy [0-9.]+%"
+    COMMAND mlp_fashion ${_mlp_args} --epochs 1 --precision fp16)
+endif()
