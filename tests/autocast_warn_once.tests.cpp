@@ -12,17 +12,9 @@
 
 #include "autocast_test_support.h"
 #include "support/devices.h"
+#include "support/warnings.h"
 
-namespace {
-
-// Collects the warnings raised while it is installed.
-class WarningCollector : public c10::WarningHandler {
- public:
-  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
-  std::vector<std::string> messages;
-};
-
-}  // namespace
+using amp_test::WarningCollector;
 
 TEST_CASE("CUDA autocast without CUDA warns once per process and runs disabled",
           "[autocast][no-gpu]") {

@@ -11,34 +11,16 @@
 #include <amp/ops.h>
 
 #include "ops/launch_plan.h"
+#include "support/bits.h"
 #include "support/reference_scale_update.h"
 
 namespace {
 
+using amp_test::raw_bits;
+using amp_test::same_bits;
+
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-torch::Tensor raw_bits(const torch::Tensor& t) {
-  const auto c = t.contiguous();
-  switch (c.scalar_type()) {
-    case torch::kDouble:
-      return c.view(torch::kLong);
-    case torch::kFloat:
-      return c.view(torch::kInt);
-    default:
-      return c.view(torch::kShort);
-  }
-}
-
-/// Bit-for-bit equality; NaNs compare by position only (their payload depends on whether ATen took
-/// its vector or its scalar path, see the report).
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
-  const auto nan_a = torch::isnan(a), nan_b = torch::isnan(b);
-  if (!torch::equal(nan_a, nan_b)) return false;
-  const auto keep = nan_a.logical_not().flatten();
-  return torch::equal(raw_bits(a).flatten().index({keep}), raw_bits(b).flatten().index({keep}));
-}
 
 torch::Tensor scaled_randn(int64_t n, torch::ScalarType dtype, double scale = 4096.0) {
   return (torch::randn({n}, torch::kDouble) * scale).to(dtype);

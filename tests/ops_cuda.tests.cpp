@@ -24,9 +24,13 @@
 
 #include "ops/cuda/kernels.cuh"
 #include "ops/launch_plan.h"
+#include "support/bits.h"
 #include "support/reference_scale_update.h"
 
 namespace {
+
+using amp_test::raw_bits;
+using amp_test::same_bits;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -49,29 +53,6 @@ torch::Tensor zero_flag(torch::Device device = kCuda) {
 
 torch::Tensor scalar(float v, torch::Device device = kCuda) {
   return torch::full({1}, v, on(torch::kFloat, device));
-}
-
-torch::Tensor raw_bits(const torch::Tensor& t) {
-  const auto c = t.contiguous();
-  switch (c.scalar_type()) {
-    case torch::kDouble:
-      return c.view(torch::kLong);
-    case torch::kFloat:
-      return c.view(torch::kInt);
-    default:
-      return c.view(torch::kShort);
-  }
-}
-
-/// Bit-for-bit equality on `a`'s device; NaNs compare by position only (their payload is not
-/// specified by either kernel).
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b_any) {
-  const auto b = b_any.to(a.device());
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
-  const auto nan_a = torch::isnan(a), nan_b = torch::isnan(b);
-  if (!torch::equal(nan_a, nan_b)) return false;
-  const auto keep = nan_a.logical_not().flatten();
-  return torch::equal(raw_bits(a).flatten().index({keep}), raw_bits(b).flatten().index({keep}));
 }
 
 /// Normal values times `scale`, drawn on the device in float64 and rounded to `dtype`.

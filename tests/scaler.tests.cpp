@@ -9,6 +9,7 @@
 #include <amp/info.h>
 
 #include "scaler/validate.h"
+#include "support/warnings.h"
 
 #include "scaler_helpers.h"
 
@@ -109,16 +110,8 @@ TEST_CASE("Setters validate like the constructor and keep the old value on error
   CHECK(scaler.get_growth_interval() == 5);
 }
 
-namespace {
-class WarningCollector : public c10::WarningHandler {
- public:
-  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
-  std::vector<std::string> messages;
-};
-}  // namespace
-
 TEST_CASE("A CUDA scaler without CUDA warns and disables itself", "[scaler][no-gpu]") {
-  WarningCollector collector;
+  amp_test::WarningCollector collector;
   c10::WarningUtils::WarningHandlerGuard guard(&collector);
   GradScaler scaler;  // Python's default device is "cuda"
   // Python 2.14: "torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling."

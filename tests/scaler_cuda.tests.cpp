@@ -15,14 +15,13 @@
 #include <amp/autocast.h>
 #include <amp/grad_scaler.h>
 
+#include "support/bits.h"
+
 namespace {
 
 const torch::Device kCuda(torch::kCUDA);
 
-torch::Tensor raw_bits(const torch::Tensor& t) {
-  const auto c = t.contiguous();
-  return c.scalar_type() == torch::kFloat ? c.view(torch::kInt) : c.view(torch::kShort);
-}
+using amp_test::raw_bits;
 
 /// Counts the warnings CUDA's sync-debug mode raises ("called a synchronizing CUDA operation")
 /// while installed; other warnings are kept for the failure message.
