@@ -114,7 +114,7 @@ struct Runner {
         scaler->unscale_(optimizer);
         lap(kUnscale);
       }
-      taken = scaler->step(optimizer).taken;
+      taken = scaler->step(optimizer).read_taken();
       lap(kStep);
       scaler->update();
       lap(kUpdate);

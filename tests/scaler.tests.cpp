@@ -153,7 +153,7 @@ TEST_CASE("A disabled scaler is a pure pass-through", "[scaler]") {
   scaler.unscale_(optimizer);
   CHECK(torch::isinf(param.grad()).all().item<bool>());  // untouched
   auto result = scaler.step(optimizer, [] { return torch::full({}, 7.0); });
-  CHECK(result.taken);
+  CHECK(result.read_taken());
   CHECK(result.loss.item<double>() == 7.0);
   CHECK(optimizer.steps == 1);
   scaler.update();
@@ -228,7 +228,7 @@ TEST_CASE("The per-optimizer state machine refuses what Python refuses", "[scale
                       Contains("unscale_() is being called after step()."));
   }
   SECTION("step twice") {
-    CHECK(scaler.step(optimizer).taken);
+    CHECK(scaler.step(optimizer).read_taken());
     CHECK_THROWS_WITH(scaler.step(optimizer),
                       Contains("step() has already been called since the last update()."));
   }
@@ -255,7 +255,7 @@ TEST_CASE("The per-optimizer state machine refuses what Python refuses", "[scale
     REQUIRE(flags.size() == 1);
     CHECK(flags[0].first == torch::Device(torch::kCPU));
     CHECK(flags[0].second.item<float>() == 1.0f);
-    CHECK_FALSE(scaler.step(optimizer).taken);
+    CHECK_FALSE(scaler.step(optimizer).read_taken());
     CHECK(scaler.stage(optimizer) == amp::OptimizerStage::kStepped);
     scaler.update();
     CHECK(scaler.stage(optimizer) == amp::OptimizerStage::kReady);
@@ -301,7 +301,7 @@ TEST_CASE("step() unscales, steps on finite grads and skips on inf or NaN", "[sc
 
   set_grad(param, torch::tensor({4.0f, 8.0f, -2.0f}));
   auto result = scaler.step(optimizer);
-  CHECK(result.taken);
+  CHECK(result.read_taken());
   CHECK(static_cast<bool>(result));
   CHECK(torch::equal(param.grad(), torch::tensor({1.0f, 2.0f, -0.5f})));
   CHECK(torch::equal(param.detach(), torch::tensor({0.0f, -1.0f, 1.5f})));
@@ -315,7 +315,7 @@ TEST_CASE("step() unscales, steps on finite grads and skips on inf or NaN", "[sc
     set_grad(param, torch::tensor({4.0f, bad, 2.0f}));
     INFO("bad gradient " << bad);
     result = scaler.step(optimizer);
-    CHECK_FALSE(result.taken);
+    CHECK_FALSE(result.read_taken());
     CHECK_FALSE(result.loss.defined());
     CHECK(torch::equal(param.detach(), before));
     scaler.update();
@@ -447,8 +447,8 @@ TEST_CASE("Two optimizers' overflows combine into one update", "[scaler]") {
   scaler.scale(torch::ones({}));
   set_grad(a, torch::full({1}, 8.0));
   set_grad(b, torch::full({1}, INFINITY));
-  CHECK(scaler.step(opt_a).taken);
-  CHECK_FALSE(scaler.step(opt_b).taken);
+  CHECK(scaler.step(opt_a).read_taken());
+  CHECK_FALSE(scaler.step(opt_b).read_taken());
   CHECK(a.item<float>() == 0.0f);
   CHECK(b.item<float>() == 1.0f);
   scaler.update();
@@ -465,7 +465,7 @@ TEST_CASE("Any torch::optim optimizer works, and step() returns the optimizer's 
     const auto before = param.detach().clone();
     set_grad(param, grad * 1024.0);
     const auto result = scaler.step(optimizer);
-    CHECK(result.taken);
+    CHECK(result.read_taken());
     CHECK(torch::equal(param.grad(), grad));
     CHECK_FALSE(torch::equal(param.detach(), before));
     return result;
@@ -507,6 +507,6 @@ TEST_CASE("LBFGS needs a closure, which an enabled scaler refuses and a disabled
                     Contains("Closure use is not currently supported if GradScaler is enabled."));
   auto disabled = cpu_scaler(GradScalerOptions().enabled(false));
   const auto result = disabled.step(lbfgs, closure);
-  CHECK(result.taken);
+  CHECK(result.read_taken());
   CHECK(result.loss.item<float>() == 2.0f);
 }

@@ -58,7 +58,7 @@ TEST_CASE("unscale_and_clip_ equals unscale_ then clip_grad_norm_ to float32 rou
     CHECK(torch::equal(fused.weight.grad(), reference.weight.grad()));
   }
   // The step that follows is taken, exactly as after unscale_.
-  CHECK(fused_scaler.step(fused_opt).taken);
+  CHECK(fused_scaler.step(fused_opt).read_taken());
   fused_scaler.update();
 }
 
@@ -72,7 +72,7 @@ TEST_CASE("unscale_and_clip_ records an overflow so that step() skips and update
 
   const torch::Tensor norm = scaler.unscale_and_clip_(opt, 1.0);
   CHECK_FALSE(std::isfinite(norm.item<double>()));
-  CHECK_FALSE(scaler.step(opt).taken);
+  CHECK_FALSE(scaler.step(opt).read_taken());
   CHECK(torch::equal(params.weight.detach(), before));  // parameters untouched by a skipped step
   scaler.update();
   CHECK(scaler.get_scale() == 512.0);

@@ -23,7 +23,7 @@ struct Loop {
   }
   bool iterate(bool overflow) {
     set_grad(param, torch::full({1}, overflow ? INFINITY : 1.0f));
-    const bool taken = scaler.step(optimizer).taken;
+    const bool taken = scaler.step(optimizer).read_taken();
     scaler.update();
     return taken;
   }

@@ -155,7 +155,7 @@ EpochReport train_epoch(TrainingState& state, const ImageSet& train, const Setti
     }
     const torch::Tensor norm = state.scaler.unscale_and_clip_(state.optimizer, settings.clip);
     state.schedule.apply(state.optimizer);
-    if (state.scaler.step(state.optimizer).taken) {
+    if (state.scaler.step(state.optimizer).read_taken()) {
       ++taken;
       norm_sum += norm;
       clipped += norm.gt(settings.clip);

@@ -1,5 +1,5 @@
-// Umbrella header: what a training loop needs (autocast, custom functions, GradScaler). The
-// low-level fused ops stay opt-in: include <amp/ops.h> for them.
+// Umbrella header: what a training loop needs (autocast, custom functions, GradScaler, fused
+// optimizers). The low-level fused ops stay opt-in: include <amp/ops.h> for them.
 #pragma once
 
 #include <amp/autocast.h>
@@ -8,4 +8,5 @@
 #include <amp/export.h>
 #include <amp/grad_scaler.h>
 #include <amp/info.h>
+#include <amp/optim.h>
 #include <amp/version.h>

@@ -14,6 +14,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
+#include <c10/util/Exception.h>
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/input-archive.h>
@@ -22,6 +23,10 @@
 #include <amp/export.h>
 
 namespace amp {
+
+namespace optim {
+class SupportsAmpScaling;
+}  // namespace optim
 
 /// What GradScaler::step does when gradients overflow while the scale already sits at min_scale
 /// (an extension; only meaningful with GradScalerOptions::min_scale > 0).
@@ -78,14 +83,45 @@ enum class OptimizerStage {
   kStepped,
 };
 
+/// Whether GradScaler::step updated the parameters, and where that was decided.
+enum class StepOutcome {
+  /// optimizer.step() was called: no inf/NaN was found (or the scaler is disabled).
+  kTaken,
+  /// optimizer.step() was not called: a gradient held an inf/NaN.
+  kSkipped,
+  /// The optimizer supports scaling (amp::optim::SupportsAmpScaling): step() was called with the
+  /// flag and the optimizer took or skipped the update on the device. The host does not know
+  /// which without reading StepResult::found_inf.
+  kDecidedOnDevice,
+};
+
 /// What GradScaler::step did.
 struct AMP_EXPORT StepResult {
-  /// True when optimizer.step() was called (no inf/NaN was found, or the scaler is disabled).
-  bool taken = false;
+  /// Taken or skipped (decided on the host), or decided on the device by a fused optimizer.
+  StepOutcome outcome = StepOutcome::kTaken;
+  /// The inf/NaN flag the decision used: a 0-dim float32 tensor on the scale's device, 1 when
+  /// the update was skipped and 0 when it was applied; undefined when the scaler is disabled.
+  /// Reading it on the host (`found_inf.item<float>()`) is a device sync.
+  at::Tensor found_inf;
   /// What optimizer.step() returned (the closure's loss); undefined when skipped or no loss.
   at::Tensor loss;
-  /// Same as taken, so `if (scaler.step(opt))` reads naturally.
-  explicit operator bool() const { return taken; }
+
+  /// Whether the parameters were updated. kDecidedOnDevice reads found_inf (one host sync);
+  /// otherwise no sync.
+  bool read_taken() const {
+    if (outcome == StepOutcome::kDecidedOnDevice) return found_inf.item<float>() == 0.0f;
+    return outcome == StepOutcome::kTaken;
+  }
+  /// `if (scaler.step(opt))`: true when taken. Throws for kDecidedOnDevice rather than hide a
+  /// sync in a conversion: call read_taken() when the answer is worth a sync, or keep
+  /// found_inf on the device.
+  explicit operator bool() const {
+    TORCH_CHECK(outcome != StepOutcome::kDecidedOnDevice,
+                "StepResult: this step was taken or skipped on the device by an optimizer that "
+                "supports scaling, so the host does not know which; call read_taken() (one sync) "
+                "or use the found_inf tensor.");
+    return outcome == StepOutcome::kTaken;
+  }
 };
 
 /// The scale, growth tracker and extension counters, read on demand (each read is one sync).
@@ -103,9 +139,12 @@ struct AMP_EXPORT GradScalerCounters {
 ///
 /// Usage per iteration: `scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update();`
 /// optionally with `scaler.unscale_(optimizer)` before step() to inspect or clip gradients.
-/// The scale lives in a 0-dim float32 tensor on the device of the first tensor passed to scale();
-/// step() reads the inf/NaN flags on the host once (to decide whether to call optimizer.step()),
-/// unscale_() and update() never synchronise.
+/// The scale lives in a 0-dim float32 tensor on the device of the first tensor passed to scale().
+/// unscale_() and update() never synchronise. step() reads the inf/NaN flag on the host once (to
+/// decide whether to call optimizer.step()), except for an optimizer that supports scaling
+/// (amp::optim::FusedAdam/FusedAdamW/FusedSGD, or any amp::optim::SupportsAmpScaling): that one
+/// gets the scale and the flag as device tensors and decides on the device, so a whole step
+/// (scale, backward, step, update) runs without a host sync.
 class AMP_EXPORT GradScaler {
  public:
   /// A scaler for device type `device` ("cuda" by default, as in Python). A CUDA scaler created
@@ -155,11 +194,22 @@ class AMP_EXPORT GradScaler {
                                double eps = 1e-6);
 
   /// Unscales (unless unscale_ was called) and calls optimizer.step() only when no gradient was
-  /// inf/NaN. Returns whether the step was taken and the optimizer's return value. When enabled a
-  /// closure is refused: the gradients were unscaled before the closure would recompute them, so
-  /// the optimizer would see freshly scaled gradients. (Python refuses `closure=` given by
-  /// keyword but passes a positional closure through to that broken outcome; C++ has one form,
-  /// and it is refused.) When disabled the closure is passed to optimizer.step().
+  /// inf/NaN; returns StepOutcome::kTaken or kSkipped and the optimizer's return value. When
+  /// enabled a closure is refused: the gradients were unscaled before the closure would
+  /// recompute them, so the optimizer would see freshly scaled gradients. (Python refuses
+  /// `closure=` given by keyword but passes a positional closure through to that broken
+  /// outcome; C++ has one form, and it is refused.) When disabled the closure is passed to
+  /// optimizer.step().
+  ///
+  /// An optimizer deriving from amp::optim::SupportsAmpScaling is handled as Python handles one
+  /// with `_step_supports_amp_scaling`: unless unscale_ was called, its gradients are checked for
+  /// inf/NaN without unscaling (check_inf_per_device); the optimizer gets the scale (none after
+  /// unscale_; times a scale it already holds, as in Python) and the flag (the per-device flags
+  /// combined by max, so it is exactly 0 or 1 as ATen's kernels expect; Python sums them, which
+  /// skips nothing when two devices overflow); step() is called unconditionally and the result
+  /// is StepOutcome::kDecidedOnDevice. No host sync, except with MinScalePolicy::kThrow, which
+  /// reads the flag after the step to decide whether to throw.
+  ///
   /// Throws when step() was already called for this optimizer before update(), before any
   /// scale(), when the optimizer has no gradients ("No inf checks were recorded ..."), and with
   /// MinScalePolicy::kThrow when gradients overflow at min_scale.
@@ -281,6 +331,13 @@ class AMP_EXPORT GradScaler {
                                                                 const at::Tensor& inv_scale,
                                                                 const at::Tensor& found_inf,
                                                                 bool allow_fp16);
+  // step() for an optimizer that unscales and skips on the device.
+  StepResult step_on_device(torch::optim::Optimizer& optimizer, OptimizerState& state,
+                            optim::SupportsAmpScaling& scaling);
+  // This step's flag for `state`: the per-device flags on the scale's device, combined by max.
+  at::Tensor combined_found_inf(const OptimizerState& state) const;
+  // MinScalePolicy::kThrow: throws when `found` overflowed with the scale at min_scale (a sync).
+  void throw_if_overflow_at_min_scale(const at::Tensor& found) const;
   // Whether any extension of the update (hysteresis, bounds) or the counters is on.
   bool uses_extensions() const;
 

@@ -7,6 +7,7 @@
 
 #include <amp/info.h>
 #include <amp/ops.h>
+#include <amp/optim.h>
 
 #include "scaler/validate.h"
 
@@ -247,54 +248,94 @@ std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::check_inf_per_device
   return state.found_inf_per_device;
 }
 
+at::Tensor GradScaler::combined_found_inf(const OptimizerState& state) const {
+  // Max, not Python's sum: every flag is 0 or 1, and ATen's fused kernels skip only on exactly 1.
+  at::Tensor found = state.found_inf_per_device.front().second.to(scale_.device(),
+                                                                   /*non_blocking=*/true);
+  for (size_t i = 1; i < state.found_inf_per_device.size(); ++i) {
+    found = at::maximum(found, state.found_inf_per_device[i].second.to(scale_.device(),
+                                                                       /*non_blocking=*/true));
+  }
+  return found;
+}
+
+void GradScaler::throw_if_overflow_at_min_scale(const at::Tensor& found) const {
+  if (options_.at_min_scale() != MinScalePolicy::kThrow || options_.min_scale() <= 0.0) return;
+  // Whether this overflow would back off below the floor, fetched with the flag in one read.
+  at::Tensor at_min = scale_.le(options_.min_scale());
+  if (hysteresis_remaining_.defined()) at_min = at_min.logical_and(hysteresis_remaining_.le(1));
+  // HOST SYNC: throwing is a host decision.
+  const at::Tensor flags = at::stack({found.ne(0), at_min}).to(at::kCPU);
+  TORCH_CHECK(!(flags[0].item<bool>() && flags[1].item<bool>()),
+              "GradScaler: the gradients overflowed (inf/NaN) while the scale is already at "
+              "min_scale=",
+              options_.min_scale(), ", so the step was skipped and the scale cannot back off "
+              "further. Try a lower min_scale, a lower learning rate, bf16 instead of fp16, or "
+              "check the model and data for inf/NaN that scaling does not cause; "
+              "MinScalePolicy::kSkip keeps skipping instead of throwing.");
+}
+
 StepResult GradScaler::step(torch::optim::Optimizer& optimizer,
                             torch::optim::Optimizer::LossClosure closure) {
-  if (!options_.enabled()) return StepResult{true, optimizer.step(std::move(closure))};
+  if (!options_.enabled()) {
+    StepResult result;
+    result.loss = optimizer.step(std::move(closure));
+    return result;
+  }
   TORCH_CHECK(!closure, "Closure use is not currently supported if GradScaler is enabled.");
   check_initialized("step");
   // unordered_map keeps references valid when unscale_ inserts nothing new for this key.
   OptimizerState& state = per_optimizer_states_[&optimizer];
   TORCH_CHECK(state.stage != OptimizerStage::kStepped,
               "step() has already been called since the last update().");
+  if (auto* scaling = dynamic_cast<optim::SupportsAmpScaling*>(&optimizer)) {
+    return step_on_device(optimizer, state, *scaling);
+  }
   if (state.stage == OptimizerStage::kReady) unscale_(optimizer);
   TORCH_CHECK(!state.found_inf_per_device.empty(),
               "No inf checks were recorded for this optimizer.");
 
-  at::Tensor found = state.found_inf_per_device.front().second;
-  for (size_t i = 1; i < state.found_inf_per_device.size(); ++i) {
-    found = found.to(scale_.device()) +
-            state.found_inf_per_device[i].second.to(scale_.device(), /*non_blocking=*/true);
-  }
-  const bool check_min_scale =
-      options_.at_min_scale() == MinScalePolicy::kThrow && options_.min_scale() > 0.0;
-  bool overflow = false;
-  bool at_min_scale = false;
-  if (check_min_scale) {
-    // Whether this overflow would back off below the floor, fetched with the flag in one read.
-    at::Tensor at_min = scale_.le(options_.min_scale());
-    if (hysteresis_remaining_.defined()) at_min = at_min.logical_and(hysteresis_remaining_.le(1));
-    // HOST SYNC (the only one in a step): the skip decision needs the flags on the host.
-    const at::Tensor flags = at::stack({found.to(scale_.device()).ne(0), at_min}).to(at::kCPU);
-    overflow = flags[0].item<bool>();
-    at_min_scale = flags[1].item<bool>();
-  } else {
-    // HOST SYNC (the only one in a step): a non-fused optimizer's step() runs on the host, so
-    // deciding whether to call it needs the inf/NaN flag here.
-    overflow = found.item<float>() != 0.0f;
-  }
-
   StepResult result;
-  if (!overflow) {
+  result.found_inf = combined_found_inf(state);
+  // HOST SYNC (the only one in a step): a non-fused optimizer's step() runs on the host, so
+  // deciding whether to call it needs the inf/NaN flag here.
+  const bool overflow = result.found_inf.item<float>() != 0.0f;
+  if (overflow) {
+    result.outcome = StepOutcome::kSkipped;
+  } else {
     result.loss = optimizer.step();
-    result.taken = true;
+    result.outcome = StepOutcome::kTaken;
   }
   state.stage = OptimizerStage::kStepped;
-  TORCH_CHECK(!(overflow && at_min_scale), "GradScaler: the gradients overflowed (inf/NaN) while ",
-              "the scale is already at min_scale=", options_.min_scale(),
-              ", so the step was skipped and the scale cannot back off further. Try a lower "
-              "min_scale, a lower learning rate, bf16 instead of fp16, or check the model and "
-              "data for inf/NaN that scaling does not cause; MinScalePolicy::kSkip keeps "
-              "skipping instead of throwing.");
+  if (overflow) throw_if_overflow_at_min_scale(result.found_inf);
+  return result;
+}
+
+StepResult GradScaler::step_on_device(torch::optim::Optimizer& optimizer, OptimizerState& state,
+                                      optim::SupportsAmpScaling& scaling) {
+  // Python's `_step_supports_amp_scaling` branch: check without unscaling unless unscale_ ran,
+  // hand over the scale (none when already unscaled) and the flag, call step() regardless.
+  const bool unscaled = state.stage == OptimizerStage::kUnscaled;
+  if (!unscaled) check_inf_per_device(optimizer);
+  TORCH_CHECK(!state.found_inf_per_device.empty(),
+              "No inf checks were recorded for this optimizer.");
+  StepResult result;
+  result.outcome = StepOutcome::kDecidedOnDevice;
+  result.found_inf = combined_found_inf(state);
+  const at::Tensor& preset = scaling.grad_scale();
+  at::Tensor grad_scale;
+  if (!unscaled) grad_scale = preset.defined() ? scale_ * preset.to(scale_.device()) : scale_;
+  else grad_scale = preset;
+  scaling.set_grad_scaling(grad_scale, result.found_inf);
+  try {
+    result.loss = optimizer.step();
+  } catch (...) {
+    scaling.clear_grad_scaling();
+    throw;
+  }
+  scaling.clear_grad_scaling();
+  state.stage = OptimizerStage::kStepped;
+  throw_if_overflow_at_min_scale(result.found_inf);
   return result;
 }
 

@@ -154,7 +154,7 @@ int main(int argc, char* argv[]) {
     }
     if (two_models) scaler.unscale_(*optimizers[0]);
     bool any_skipped = false;
-    for (auto& opt : optimizers) any_skipped |= !scaler.step(*opt).taken;
+    for (auto& opt : optimizers) any_skipped |= !scaler.step(*opt).read_taken();
     if (step == in.integer("new_scale_at")) {
       scaler.update(in.real("new_scale"));
     } else if (step == in.integer("new_scale_tensor_at")) {
