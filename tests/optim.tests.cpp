@@ -63,8 +63,7 @@ bool all_same_bits(const std::vector<torch::Tensor>& a, const std::vector<torch:
 
 void check_close(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   for (size_t i = 0; i < a.size(); ++i) {
-    INFO("parameter " << i << " max abs diff "
-                      << (a[i] - b[i]).abs().max().item<double>());
+    INFO("parameter " << i << " max abs diff " << (a[i] - b[i]).abs().max().item<double>());
     CHECK(torch::allclose(a[i].detach(), b[i].detach(), 1e-5, 1e-6));
   }
 }
@@ -121,25 +120,23 @@ TEST_CASE("FusedAdamW and FusedAdam follow LibTorch's AdamW and Adam to float32 
   auto ref_params = make_params(1);
   auto params = clones(ref_params);
   {
-    torch::optim::AdamW ref(ref_params, torch::optim::AdamWOptions(0.01)
-                                            .weight_decay(weight_decay)
-                                            .amsgrad(amsgrad));
-    FusedAdamW fused(params,
-                     FusedAdamWOptions(0.01).weight_decay(weight_decay).amsgrad(amsgrad));
+    torch::optim::AdamW ref(
+        ref_params, torch::optim::AdamWOptions(0.01).weight_decay(weight_decay).amsgrad(amsgrad));
+    FusedAdamW fused(params, FusedAdamWOptions(0.01).weight_decay(weight_decay).amsgrad(amsgrad));
     train(ref, ref_params, 0, 6);
     train(fused, params, 0, 6);
     check_close(params, ref_params);
     // The state a user inspects: the step count (a float32 device tensor) and the moments.
-    const auto& state = static_cast<const FusedAdamParamState&>(
-        *fused.state().at(params[0].unsafeGetTensorImpl()));
+    const auto& state =
+        static_cast<const FusedAdamParamState&>(*fused.state().at(params[0].unsafeGetTensorImpl()));
     CHECK(state.step().item<float>() == 6.0f);
     CHECK(state.step().scalar_type() == torch::kFloat);
     CHECK(state.max_exp_avg_sq().defined() == amsgrad);
   }
   auto ref_adam_params = make_params(2);
   auto adam_params = clones(ref_adam_params);
-  torch::optim::Adam ref(ref_adam_params,
-                         torch::optim::AdamOptions(0.01).weight_decay(weight_decay).amsgrad(amsgrad));
+  torch::optim::Adam ref(
+      ref_adam_params, torch::optim::AdamOptions(0.01).weight_decay(weight_decay).amsgrad(amsgrad));
   FusedAdam fused(adam_params, FusedAdamOptions(0.01).weight_decay(weight_decay).amsgrad(amsgrad));
   train(ref, ref_adam_params, 0, 6);
   train(fused, adam_params, 0, 6);
@@ -290,8 +287,8 @@ TEST_CASE("LibTorch's AdamW and SGD checkpoints load into the fused optimizers, 
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& theirs = static_cast<const torch::optim::AdamWParamState&>(
         *libtorch.state().at(ref_params[i].unsafeGetTensorImpl()));
-    const auto& ours = static_cast<const FusedAdamParamState&>(
-        *fused.state().at(params[i].unsafeGetTensorImpl()));
+    const auto& ours =
+        static_cast<const FusedAdamParamState&>(*fused.state().at(params[i].unsafeGetTensorImpl()));
     CHECK(ours.step().item<float>() == static_cast<float>(theirs.step()));
     CHECK(same_bits(ours.exp_avg(), theirs.exp_avg()));
     CHECK(same_bits(ours.exp_avg_sq(), theirs.exp_avg_sq()));
@@ -309,8 +306,8 @@ TEST_CASE("LibTorch's AdamW and SGD checkpoints load into the fused optimizers, 
   load_into(libtorch_again, saved(fused));
   const auto& theirs = static_cast<const torch::optim::AdamWParamState&>(
       *libtorch_again.state().at(back[1].unsafeGetTensorImpl()));
-  const auto& ours = static_cast<const FusedAdamParamState&>(
-      *fused.state().at(params[1].unsafeGetTensorImpl()));
+  const auto& ours =
+      static_cast<const FusedAdamParamState&>(*fused.state().at(params[1].unsafeGetTensorImpl()));
   CHECK(theirs.step() == 7);
   CHECK(same_bits(theirs.exp_avg(), ours.exp_avg()));
 
@@ -422,7 +419,8 @@ TEST_CASE("A checkpoint that does not fit is refused and leaves the optimizer un
   groups.emplace_back(std::vector<torch::Tensor>{two[0]});
   groups.emplace_back(std::vector<torch::Tensor>{two[1]});
   FusedAdamW grouped(groups, FusedAdamWOptions(0.9));
-  CHECK_THROWS_WITH(load_into(opt, saved(grouped)), Contains("the checkpoint has 2 parameter groups"));
+  CHECK_THROWS_WITH(load_into(opt, saved(grouped)),
+                    Contains("the checkpoint has 2 parameter groups"));
   expect_unchanged();
 
   // An SGD checkpoint is not an Adam one; options out of range in a file are refused too.

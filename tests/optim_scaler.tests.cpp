@@ -33,7 +33,8 @@ struct Net {
   torch::nn::Sequential net{nullptr};
   explicit Net(uint64_t seed) {
     torch::manual_seed(seed);
-    net = torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3));
+    net =
+        torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3));
   }
   torch::Tensor loss(int k) {
     torch::manual_seed(500 + k);
@@ -146,9 +147,10 @@ TEST_CASE("A skipped fused step changes no parameter or state and takes the step
   CHECK(scaler.get_scale() == 128.0);         // backed off, as after any skipped step
 }
 
-TEST_CASE("FusedSGD: a skipped first step leaves a zero momentum buffer, and the next step is "
-          "a first step",
-          "[optim][scaler]") {
+TEST_CASE(
+    "FusedSGD: a skipped first step leaves a zero momentum buffer, and the next step is "
+    "a first step",
+    "[optim][scaler]") {
   Net skipped(3), fresh(3);
   FusedSGD opt(skipped.params(), FusedSGDOptions(0.1).momentum(0.9));
   FusedSGD ref(fresh.params(), FusedSGDOptions(0.1).momentum(0.9));
@@ -161,9 +163,9 @@ TEST_CASE("FusedSGD: a skipped first step leaves a zero momentum buffer, and the
   scaler.step(opt);
   scaler.update();
   for (const auto& p : skipped.params()) {
-    const auto& buf = static_cast<const amp::optim::FusedSGDParamState&>(
-                          *opt.state().at(p.unsafeGetTensorImpl()))
-                          .momentum_buffer();
+    const auto& buf =
+        static_cast<const amp::optim::FusedSGDParamState&>(*opt.state().at(p.unsafeGetTensorImpl()))
+            .momentum_buffer();
     CHECK(torch::count_nonzero(buf).item<int64_t>() == 0);
   }
   opt.zero_grad();
@@ -175,7 +177,8 @@ TEST_CASE("FusedSGD: a skipped first step leaves a zero momentum buffer, and the
   CHECK(all_same(skipped.snapshot(), fresh.snapshot()));
 }
 
-TEST_CASE("unscale_ and clipping before a fused step: the optimizer gets no scale", "[optim][scaler]") {
+TEST_CASE("unscale_ and clipping before a fused step: the optimizer gets no scale",
+          "[optim][scaler]") {
   Net net(4), manual(4);
   FusedAdamW opt(net.params(), FusedAdamWOptions(0.01));
   FusedAdamW ref(manual.params(), FusedAdamWOptions(0.01));
@@ -207,7 +210,7 @@ TEST_CASE("What GradScaler hands an optimizer that supports scaling, and when", 
   CHECK(opt.seen_scale.item<float>() == 64.0f);
   CHECK(opt.seen_found_inf.item<float>() == 0.0f);
   CHECK(same_bits(p.grad(), torch::full({3}, 128.0f)));  // checked, not unscaled
-  CHECK_FALSE(opt.grad_scale().defined());  // cleared after the step
+  CHECK_FALSE(opt.grad_scale().defined());               // cleared after the step
   CHECK_FALSE(opt.found_inf().defined());
   CHECK(scaler.stage(opt) == amp::OptimizerStage::kStepped);
   scaler.update();
@@ -259,10 +262,9 @@ TEST_CASE("MinScalePolicy::kThrow still throws after a fused step that overflowe
           "[optim][scaler]") {
   Net net(5);
   FusedAdamW opt(net.params(), FusedAdamWOptions(0.01));
-  GradScaler scaler(c10::DeviceType::CPU, GradScalerOptions()
-                                              .init_scale(4.0)
-                                              .min_scale(4.0)
-                                              .at_min_scale(amp::MinScalePolicy::kThrow));
+  GradScaler scaler(
+      c10::DeviceType::CPU,
+      GradScalerOptions().init_scale(4.0).min_scale(4.0).at_min_scale(amp::MinScalePolicy::kThrow));
   scaler.scale(net.loss(0) * kInf).backward();
   const auto before = net.snapshot();
   CHECK_THROWS_WITH(scaler.step(opt), Contains("while the scale is already at min_scale=4"));
@@ -280,9 +282,9 @@ TEST_CASE("scale, step and update read nothing back to the host with a fused opt
   } else {
     opt = std::make_unique<FusedAdamW>(net.params(), FusedAdamWOptions(0.01).amsgrad(true));
   }
-  GradScaler scaler(c10::DeviceType::CPU,
-                    GradScalerOptions().init_scale(1024.0).growth_interval(2).hysteresis(2)
-                        .track_counters(true));
+  GradScaler scaler(
+      c10::DeviceType::CPU,
+      GradScalerOptions().init_scale(1024.0).growth_interval(2).hysteresis(2).track_counters(true));
   for (int k = 0; k < 5; ++k) {
     opt->zero_grad();
     const auto loss = net.loss(k);

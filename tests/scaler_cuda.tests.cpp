@@ -16,49 +16,14 @@
 #include <amp/grad_scaler.h>
 
 #include "support/bits.h"
+#include "support/cuda_syncs.h"
 
 namespace {
 
 const torch::Device kCuda(torch::kCUDA);
 
 using amp_test::raw_bits;
-
-/// Counts the warnings CUDA's sync-debug mode raises ("called a synchronizing CUDA operation")
-/// while installed; other warnings are kept for the failure message.
-class SyncCounter : public c10::WarningHandler {
- public:
-  void process(const c10::Warning& warning) override {
-    if (warning.msg().find("synchronizing CUDA operation") != std::string::npos) {
-      ++syncs;
-    } else {
-      others += warning.msg() + "\n";
-    }
-  }
-  int syncs = 0;
-  std::string others;
-};
-
-/// Runs `fn` with the sync-debug mode set to warn and returns how many synchronising CUDA calls
-/// (blocking copies, item(), stream or device synchronisation) it made.
-int syncs_in(const std::function<void()>& fn) {
-  struct ModeGuard {
-    ModeGuard() {
-      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
-    }
-    ~ModeGuard() {
-      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-    }
-  };
-  SyncCounter counter;
-  {
-    const c10::WarningUtils::WarningHandlerGuard handler(&counter);
-    const ModeGuard mode;
-    fn();
-  }
-  INFO("other warnings: " << counter.others);
-  CHECK(counter.others.empty());
-  return counter.syncs;
-}
+using amp_test::syncs_in;
 
 struct Model {
   torch::nn::Sequential net{torch::nn::Linear(32, 64), torch::nn::ReLU(), torch::nn::Linear(64, 8)};

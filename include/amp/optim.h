@@ -115,7 +115,8 @@ struct AMP_EXPORT FusedAdamWOptions
 
 /// Options of FusedSGD: LibTorch's SGDOptions (same names and defaults; lr has no default) plus
 /// maximize and capturable.
-struct AMP_EXPORT FusedSGDOptions : public torch::optim::OptimizerCloneableOptions<FusedSGDOptions> {
+struct AMP_EXPORT FusedSGDOptions
+    : public torch::optim::OptimizerCloneableOptions<FusedSGDOptions> {
   FusedSGDOptions(double lr);  // NOLINT: implicit, as LibTorch's SGDOptions
   /// Learning rate; finite and >= 0.
   TORCH_ARG(double, lr);
@@ -174,6 +175,10 @@ class AMP_EXPORT FusedAdamBase : public torch::optim::Optimizer, public Supports
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  /// Capturable mode: writes each group's current lr into its device tensor, in place. step()
+  /// does this itself; a replay of a captured CUDA graph runs no host code, so after changing a
+  /// group's lr between replays call this before the next replay. No-op for groups without one.
+  void sync_capturable_lr();
 
  protected:
   FusedAdamBase(std::vector<torch::optim::OptimizerParamGroup> param_groups,
@@ -234,6 +239,10 @@ class AMP_EXPORT FusedSGD : public torch::optim::Optimizer, public SupportsAmpSc
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  /// Capturable mode: writes each group's current lr into its device tensor, in place. step()
+  /// does this itself; a replay of a captured CUDA graph runs no host code, so after changing a
+  /// group's lr between replays call this before the next replay. No-op for groups without one.
+  void sync_capturable_lr();
 
  private:
   std::vector<std::pair<double, at::Tensor>> lr_tensors_;

@@ -23,8 +23,8 @@ struct AdamHyper {
 
 template <typename AdamOptions>
 AdamHyper hyper_of(const AdamOptions& o) {
-  return {o.lr(),           std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(),
-          o.weight_decay(), o.amsgrad(),            o.maximize(),           o.capturable()};
+  return {o.lr(),      std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+          o.amsgrad(), o.maximize(),           o.capturable()};
 }
 
 const char* name_of(bool decoupled) { return decoupled ? "FusedAdamW" : "FusedAdam"; }
@@ -103,8 +103,9 @@ at::Tensor FusedAdamBase::step(LossClosure closure) {
   StepScaling scaling(*this);
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     auto& group = param_groups_[g];
-    const AdamHyper h = checked_hyper(
-        group.options(), decoupled_, std::string(name) + " (param group " + std::to_string(g) + ")");
+    const AdamHyper h =
+        checked_hyper(group.options(), decoupled_,
+                      std::string(name) + " (param group " + std::to_string(g) + ")");
     const GroupWork work = collect_group(group, g, name, h.capturable);
     if (work.empty()) continue;
     const auto grad_scale = scaling.grad_scale(work.device);
@@ -144,6 +145,8 @@ at::Tensor FusedAdamBase::step(LossClosure closure) {
   return loss;
 }
 
+void FusedAdamBase::sync_capturable_lr() { sync_capturable_lrs(lr_tensors_, param_groups_); }
+
 void FusedAdamBase::save(torch::serialize::OutputArchive& archive) const {
   // LibTorch's own writer (its layout), calling this library's option and state entries.
   torch::optim::serialize<FusedAdamParamState, torch::optim::OptimizerOptions>(archive, *this);
@@ -156,9 +159,10 @@ void FusedAdamBase::load(torch::serialize::InputArchive& archive) {
     auto state = std::make_unique<FusedAdamParamState>();
     const auto moved = [&](const at::Tensor& t, const char* key) {
       if (!t.defined()) return at::Tensor();
-      TORCH_CHECK(t.sizes() == param.sizes() && at::isFloatingType(t.scalar_type()), where,
-                  " has ", key, " of ", t.scalar_type(), " ", t.sizes(), " but the parameter is ",
-                  param.scalar_type(), " ", param.sizes(), "; the checkpoint belongs to another "
+      TORCH_CHECK(t.sizes() == param.sizes() && at::isFloatingType(t.scalar_type()), where, " has ",
+                  key, " of ", t.scalar_type(), " ", t.sizes(), " but the parameter is ",
+                  param.scalar_type(), " ", param.sizes(),
+                  "; the checkpoint belongs to another "
                   "model. The optimizer is unchanged.");
       return t.to(param.device(), param.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
     };
@@ -167,7 +171,8 @@ void FusedAdamBase::load(torch::serialize::InputArchive& archive) {
                 "optimizer is unchanged.");
     const float count = saved.step().item<float>();
     TORCH_CHECK(std::isfinite(count) && count >= 0 && count == std::floor(count), where,
-                " has a step count of ", count, "; a count is a whole number >= 0. The "
+                " has a step count of ", count,
+                "; a count is a whole number >= 0. The "
                 "optimizer is unchanged.");
     state->step(saved.step().to(param.device(), at::kFloat, false, /*copy=*/true));
     state->exp_avg(moved(saved.exp_avg(), "exp_avg"));
@@ -204,8 +209,8 @@ FusedAdam::FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups
                     /*decoupled=*/false) {}
 
 FusedAdam::FusedAdam(std::vector<at::Tensor> params, FusedAdamOptions defaults)
-    : FusedAdam(std::vector<torch::optim::OptimizerParamGroup>{
-                    torch::optim::OptimizerParamGroup(std::move(params))},
+    : FusedAdam(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(
+                    std::move(params))},
                 std::move(defaults)) {}
 
 FusedAdamW::FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
@@ -214,8 +219,8 @@ FusedAdamW::FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_grou
                     /*decoupled=*/true) {}
 
 FusedAdamW::FusedAdamW(std::vector<at::Tensor> params, FusedAdamWOptions defaults)
-    : FusedAdamW(std::vector<torch::optim::OptimizerParamGroup>{
-                     torch::optim::OptimizerParamGroup(std::move(params))},
+    : FusedAdamW(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(
+                     std::move(params))},
                  std::move(defaults)) {}
 
 }  // namespace amp::optim

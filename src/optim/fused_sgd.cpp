@@ -35,7 +35,8 @@ std::vector<torch::optim::OptimizerParamGroup> prepared_groups(
     } else {
       groups[g].set_options(std::make_unique<FusedSGDOptions>(defaults));
     }
-    detail::check_params(groups[g], g, kName, checked(groups[g].options(), group_where(g)).capturable());
+    detail::check_params(groups[g], g, kName,
+                         checked(groups[g].options(), group_where(g)).capturable());
   }
   return groups;
 }
@@ -50,8 +51,8 @@ FusedSGD::FusedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups,
 }
 
 FusedSGD::FusedSGD(std::vector<at::Tensor> params, FusedSGDOptions defaults)
-    : FusedSGD(std::vector<torch::optim::OptimizerParamGroup>{
-                   torch::optim::OptimizerParamGroup(std::move(params))},
+    : FusedSGD(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(
+                   std::move(params))},
                std::move(defaults)) {}
 
 at::Tensor FusedSGD::step(LossClosure closure) {
@@ -64,7 +65,8 @@ at::Tensor FusedSGD::step(LossClosure closure) {
   detail::StepScaling scaling(*this);
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const FusedSGDOptions o = checked(param_groups_[g].options(), group_where(g));
-    const detail::GroupWork work = detail::collect_group(param_groups_[g], g, kName, o.capturable());
+    const detail::GroupWork work =
+        detail::collect_group(param_groups_[g], g, kName, o.capturable());
     if (work.empty()) continue;
     const auto grad_scale = scaling.grad_scale(work.device);
     const auto found_inf = scaling.found_inf(work.device);
@@ -113,6 +115,8 @@ at::Tensor FusedSGD::step(LossClosure closure) {
   return loss;
 }
 
+void FusedSGD::sync_capturable_lr() { detail::sync_capturable_lrs(lr_tensors_, param_groups_); }
+
 void FusedSGD::save(torch::serialize::OutputArchive& archive) const {
   torch::optim::serialize<FusedSGDParamState, torch::optim::OptimizerOptions>(archive, *this);
 }
@@ -121,8 +125,9 @@ void FusedSGD::load(torch::serialize::InputArchive& archive) {
   // Everything is read and checked before the first write: a failed load changes nothing.
   auto contents = detail::read_archive<FusedSGDOptions, FusedSGDParamState>(archive, kName);
   for (size_t g = 0; g < contents.groups.size(); ++g) {
-    detail::check_sgd_options(contents.groups[g].options,
-                              std::string(kName) + "::load (param group " + std::to_string(g) + ")");
+    detail::check_sgd_options(
+        contents.groups[g].options,
+        std::string(kName) + "::load (param group " + std::to_string(g) + ")");
   }
   auto state = detail::match_state(
       contents, *this, kName,
@@ -130,8 +135,8 @@ void FusedSGD::load(torch::serialize::InputArchive& archive) {
         auto state = std::make_unique<FusedSGDParamState>();
         const at::Tensor& buf = saved.momentum_buffer();
         if (buf.defined()) {
-          TORCH_CHECK(buf.sizes() == param.sizes() && at::isFloatingType(buf.scalar_type()),
-                      where, " has momentum_buffer of ", buf.scalar_type(), " ", buf.sizes(),
+          TORCH_CHECK(buf.sizes() == param.sizes() && at::isFloatingType(buf.scalar_type()), where,
+                      " has momentum_buffer of ", buf.scalar_type(), " ", buf.sizes(),
                       " but the parameter is ", param.scalar_type(), " ", param.sizes(),
                       "; the checkpoint belongs to another model. The optimizer is unchanged.");
           state->momentum_buffer(

@@ -30,15 +30,16 @@ void check_param(const at::Tensor& param, size_t group_index, size_t index, cons
               ", but amp's fused optimizers run on CPU and CUDA; use LibTorch's optimizers "
               "for other devices.");
   TORCH_CHECK(!capturable || type == c10::kCUDA, optimizer, ": ", param_name(group_index, index),
-              " is on ", param.device(), ", but capturable(true) keeps the step state on the "
+              " is on ", param.device(),
+              ", but capturable(true) keeps the step state on the "
               "device for CUDA graph capture and needs CUDA parameters; use capturable(false) "
               "on the CPU.");
 }
 
 void check_finite_at_least(double value, double low, const char* name, const std::string& where,
                            const char* advice) {
-  TORCH_CHECK(std::isfinite(value) && value >= low, where, ": ", name, " must be finite and >= ",
-              low, ". Got ", name, "=", value, "; ", advice);
+  TORCH_CHECK(std::isfinite(value) && value >= low, where, ": ", name,
+              " must be finite and >= ", low, ". Got ", name, "=", value, "; ", advice);
 }
 
 template <typename AdamOptions>
@@ -48,10 +49,10 @@ void check_adam(const AdamOptions& options, const std::string& where) {
   check_finite_at_least(options.weight_decay(), 0.0, "weight_decay", where,
                         "pass 0 for no weight decay.");
   const auto [beta1, beta2] = options.betas();
-  TORCH_CHECK(beta1 >= 0.0 && beta1 < 1.0, where, ": betas[0] must be in [0, 1). Got betas[0]=",
-              beta1, "; the default is 0.9.");
-  TORCH_CHECK(beta2 >= 0.0 && beta2 < 1.0, where, ": betas[1] must be in [0, 1). Got betas[1]=",
-              beta2, "; the default is 0.999.");
+  TORCH_CHECK(beta1 >= 0.0 && beta1 < 1.0, where,
+              ": betas[0] must be in [0, 1). Got betas[0]=", beta1, "; the default is 0.9.");
+  TORCH_CHECK(beta2 >= 0.0 && beta2 < 1.0, where,
+              ": betas[1] must be in [0, 1). Got betas[1]=", beta2, "; the default is 0.999.");
 }
 
 template <typename T>
@@ -101,7 +102,8 @@ GroupWork collect_group(const torch::optim::OptimizerParamGroup& group, size_t g
     const at::Tensor& grad = param.grad();
     if (!grad.defined()) continue;
     TORCH_CHECK(grad.layout() == c10::kStrided, optimizer, ": the gradient of ",
-                param_name(group_index, i), " is sparse, and ATen's fused optimizer kernels "
+                param_name(group_index, i),
+                " is sparse, and ATen's fused optimizer kernels "
                 "take dense gradients only; use a dense gradient (e.g. torch::nn::Embedding "
                 "with sparse(false)) or LibTorch's non-fused optimizer for this parameter.");
     TORCH_CHECK(grad.scalar_type() == param.scalar_type() && grad.device() == param.device() &&
@@ -116,7 +118,8 @@ GroupWork collect_group(const torch::optim::OptimizerParamGroup& group, size_t g
     }
     TORCH_CHECK(param.device() == work.device, optimizer, ": ", param_name(group_index, i),
                 " is on ", param.device(), " but ", param_name(group_index, *first), " is on ",
-                work.device, "; the parameters of one group must share a device (make one "
+                work.device,
+                "; the parameters of one group must share a device (make one "
                 "param group per device).");
     auto bucket = std::find_if(work.params_by_dtype.begin(), work.params_by_dtype.end(),
                                [&](const auto& b) { return b.first == param.scalar_type(); });
@@ -181,6 +184,15 @@ const at::Tensor& capturable_lr(std::vector<std::pair<double, at::Tensor>>& cach
   return tensor;
 }
 
+void sync_capturable_lrs(std::vector<std::pair<double, at::Tensor>>& cache,
+                         const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  for (size_t g = 0; g < cache.size() && g < groups.size(); ++g) {
+    if (cache[g].second.defined()) {
+      capturable_lr(cache, g, groups[g].options().get_lr(), cache[g].second.device());
+    }
+  }
+}
+
 void check_adam_options(const FusedAdamOptions& options, const std::string& where) {
   check_adam(options, where);
 }
@@ -209,7 +221,8 @@ std::unique_ptr<torch::optim::OptimizerOptions> merge_group_options(
     if (const auto* d = dynamic_cast<const FusedAdamOptions*>(&defaults)) return merge_adam(*g, *d);
   }
   if (const auto* g = dynamic_cast<const FusedAdamWOptions*>(&group)) {
-    if (const auto* d = dynamic_cast<const FusedAdamWOptions*>(&defaults)) return merge_adam(*g, *d);
+    if (const auto* d = dynamic_cast<const FusedAdamWOptions*>(&defaults))
+      return merge_adam(*g, *d);
   }
   if (const auto* g = dynamic_cast<const FusedSGDOptions*>(&group)) {
     if (const auto* d = dynamic_cast<const FusedSGDOptions*>(&defaults)) return merge_sgd(*g, *d);
@@ -226,8 +239,8 @@ double read_double(torch::serialize::InputArchive& archive, const char* key, boo
     TORCH_CHECK(!required, "the entry \"", key, "\" is missing");
     return fallback;
   }
-  TORCH_CHECK(value.isDouble() || value.isInt(), "the entry \"", key, "\" is a ",
-              value.tagKind(), ", not a number");
+  TORCH_CHECK(value.isDouble() || value.isInt(), "the entry \"", key, "\" is a ", value.tagKind(),
+              ", not a number");
   return value.isDouble() ? value.toDouble() : static_cast<double>(value.toInt());
 }
 
@@ -245,8 +258,7 @@ bool read_bool(torch::serialize::InputArchive& archive, const char* key, bool re
 at::Tensor read_tensor(torch::serialize::InputArchive& archive, const char* key) {
   c10::IValue value;
   if (!archive.try_read(key, value)) return at::Tensor();
-  TORCH_CHECK(value.isTensor(), "the entry \"", key, "\" is a ", value.tagKind(),
-              ", not a tensor");
+  TORCH_CHECK(value.isTensor(), "the entry \"", key, "\" is a ", value.tagKind(), ", not a tensor");
   return value.toTensor();
 }
 

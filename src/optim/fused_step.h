@@ -62,6 +62,10 @@ class StepScaling {
 const at::Tensor& capturable_lr(std::vector<std::pair<double, at::Tensor>>& cache,
                                 size_t group_index, double lr, const c10::Device& device);
 
+/// Writes each group's current lr into its capturable lr tensor (those that exist), in place.
+void sync_capturable_lrs(std::vector<std::pair<double, at::Tensor>>& cache,
+                         const std::vector<torch::optim::OptimizerParamGroup>& groups);
+
 /// Range checks, one wording for construction, step and load (`where` names the caller).
 void check_adam_options(const FusedAdamOptions& options, const std::string& where);
 void check_adam_options(const FusedAdamWOptions& options, const std::string& where);
@@ -180,8 +184,8 @@ ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>> ma
     const auto& params = groups[g].params();
     const auto& keys = contents.groups[g].param_keys;
     TORCH_CHECK(keys.size() == params.size(), name, "::load: group ", g, " of the checkpoint has ",
-                keys.size(), " parameters but this optimizer's group ", g, " has ",
-                params.size(), "; load it into an optimizer built with the same groups. The "
+                keys.size(), " parameters but this optimizer's group ", g, " has ", params.size(),
+                "; load it into an optimizer built with the same groups. The "
                 "optimizer is unchanged.");
     for (size_t i = 0; i < params.size(); ++i) {
       const auto saved = contents.state.find(keys[i]);

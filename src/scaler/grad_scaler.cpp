@@ -251,7 +251,7 @@ std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::check_inf_per_device
 at::Tensor GradScaler::combined_found_inf(const OptimizerState& state) const {
   // Max, not Python's sum: every flag is 0 or 1, and ATen's fused kernels skip only on exactly 1.
   at::Tensor found = state.found_inf_per_device.front().second.to(scale_.device(),
-                                                                   /*non_blocking=*/true);
+                                                                  /*non_blocking=*/true);
   for (size_t i = 1; i < state.found_inf_per_device.size(); ++i) {
     found = at::maximum(found, state.found_inf_per_device[i].second.to(scale_.device(),
                                                                        /*non_blocking=*/true));
@@ -269,7 +269,8 @@ void GradScaler::throw_if_overflow_at_min_scale(const at::Tensor& found) const {
   TORCH_CHECK(!(flags[0].item<bool>() && flags[1].item<bool>()),
               "GradScaler: the gradients overflowed (inf/NaN) while the scale is already at "
               "min_scale=",
-              options_.min_scale(), ", so the step was skipped and the scale cannot back off "
+              options_.min_scale(),
+              ", so the step was skipped and the scale cannot back off "
               "further. Try a lower min_scale, a lower learning rate, bf16 instead of fp16, or "
               "check the model and data for inf/NaN that scaling does not cause; "
               "MinScalePolicy::kSkip keeps skipping instead of throwing.");
@@ -324,8 +325,10 @@ StepResult GradScaler::step_on_device(torch::optim::Optimizer& optimizer, Optimi
   result.found_inf = combined_found_inf(state);
   const at::Tensor& preset = scaling.grad_scale();
   at::Tensor grad_scale;
-  if (!unscaled) grad_scale = preset.defined() ? scale_ * preset.to(scale_.device()) : scale_;
-  else grad_scale = preset;
+  if (!unscaled)
+    grad_scale = preset.defined() ? scale_ * preset.to(scale_.device()) : scale_;
+  else
+    grad_scale = preset;
   scaling.set_grad_scaling(grad_scale, result.found_inf);
   try {
     result.loss = optimizer.step();

@@ -12,8 +12,8 @@ thread_local std::vector<std::string> op_stack;
 thread_local std::vector<std::string> host_reads;
 
 bool reads_to_host(const char* name) {
-  for (const char* op : {"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero",
-                         "aten::equal"}) {
+  for (const char* op :
+       {"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::equal"}) {
     if (std::strcmp(name, op) == 0) return true;
   }
   return false;
