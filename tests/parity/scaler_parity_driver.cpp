@@ -3,9 +3,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -13,33 +11,13 @@
 #include <amp/autocast.h>
 #include <amp/grad_scaler.h>
 
+#include "parity_driver_support.h"
+
 namespace {
 
-std::vector<char> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in.good(), "cannot open ", path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// The inputs dict written by scaler_parity.py.
-struct Inputs {
-  explicit Inputs(const std::string& path)
-      : dict(torch::pickle_load(read_bytes(path)).toGenericDict()) {}
-  c10::IValue at(const std::string& key) const { return dict.at(c10::IValue(key)); }
-  double real(const std::string& key) const { return at(key).toDouble(); }
-  int64_t integer(const std::string& key) const { return at(key).toInt(); }
-  std::string text(const std::string& key) const { return at(key).toStringRef(); }
-  std::vector<torch::Tensor> tensors(const std::string& key) const {
-    std::vector<torch::Tensor> out;
-    for (const auto& value : at(key).toList()) out.push_back(value.get().toTensor());
-    return out;
-  }
-  c10::impl::GenericDict dict;
-};
-
-torch::Tensor forward(const std::vector<torch::Tensor>& p, const torch::Tensor& x) {
-  return torch::linear(torch::linear(x, p[0], p[1]).relu(), p[2], p[3]);
-}
+using amp_parity::clip_grad_norm;
+using amp_parity::forward;
+using amp_parity::Inputs;
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
                                                         std::vector<torch::Tensor> params) {
@@ -47,21 +25,6 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
     return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
   }
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
-}
-
-// Python's clip_grad_norm_(foreach=False) op for op (including `max_norm / t` being
-// `t.reciprocal() * max_norm` in Python), so the clipped gradients agree bit for bit.
-void clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
-  std::vector<torch::Tensor> norms;
-  for (const auto& p : params) {
-    if (p.grad().defined()) norms.push_back(torch::linalg_vector_norm(p.grad(), 2));
-  }
-  const auto total = torch::linalg_vector_norm(torch::stack(norms), 2);
-  const auto coef = torch::clamp((total + 1e-6).reciprocal() * max_norm, c10::nullopt, 1.0);
-  torch::NoGradGuard no_grad;
-  for (const auto& p : params) {
-    if (p.grad().defined()) p.grad().mul_(coef);
-  }
 }
 
 amp::GradScaler make_scaler(const Inputs& in, c10::DeviceType device) {
@@ -195,7 +158,6 @@ int main(int argc, char* argv[]) {
   c10::List<torch::Tensor> final_params;
   for (const auto& p : params) final_params.push_back(p.detach().cpu());
   result.insert("params", final_params);
-  const auto bytes = torch::pickle_save(result);
-  std::ofstream(argv[2], std::ios::binary).write(bytes.data(), bytes.size());
+  amp_parity::write_pickle(result, argv[2]);
   return 0;
 }
