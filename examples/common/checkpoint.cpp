@@ -95,7 +95,11 @@ void CheckpointReader::check(std::int64_t format, const std::vector<CheckpointSe
                                  path_.string(), c10::str(saved_format), program_, format));
   }
   for (const CheckpointSetting& setting : settings) {
-    const c10::IValue saved = entry(setting.name);
+    c10::IValue saved;
+    if (!archive_.try_read(setting.name, saved)) {
+      // Without a value to assume, entry() refuses the checkpoint, naming the missing entry.
+      saved = setting.if_absent.isNone() ? entry(setting.name) : setting.if_absent;
+    }
     if (saved != setting.value) {
       throw SetupError(fmt::format(
           "the checkpoint '{}' was written with {} {} but this run has {} {}; resume with the "

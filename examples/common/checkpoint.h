@@ -23,6 +23,10 @@ namespace amp_examples {
 struct CheckpointSetting {
   std::string name;
   c10::IValue value;
+  /// For a setting added after checkpoints of this format were first written: the value that
+  /// every checkpoint without the entry was written with (e.g. the one optimizer that existed),
+  /// so those checkpoints still resume. None: a checkpoint must have the entry.
+  c10::IValue if_absent = c10::IValue();
 };
 
 /// Writes a file so that it is either the old one or the whole new one: `write` fills
@@ -82,7 +86,8 @@ class CheckpointReader {
   CheckpointReader(std::filesystem::path path, c10::Device device, std::string program);
 
   /// Refuses a checkpoint whose "format" entry is not `format`, then one written with a setting
-  /// other than this run's, naming the setting and both values.
+  /// other than this run's, naming the setting and both values. A setting the checkpoint lacks
+  /// is compared through its `if_absent` value, or refused when it has none.
   void check(std::int64_t format, const std::vector<CheckpointSetting>& settings);
 
   /// The entry `key`. Errors: SetupError when there is none.

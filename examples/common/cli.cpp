@@ -53,6 +53,17 @@ void CommandLine::add_positive_option(std::string name, std::string value_name,
              });
 }
 
+void CommandLine::add_choice(std::string name, std::string_view help,
+                             std::vector<std::string_view> names, std::string_view default_name,
+                             std::function<void(std::size_t)> choose) {
+  std::string option = "--" + name;
+  std::string value_name = fmt::format("{{{}}}", fmt::join(names, ","));
+  add_option(std::move(name), std::move(value_name),
+             fmt::format("{} (default {})", help, default_name),
+             [option = std::move(option), names = std::move(names), choose = std::move(choose)](
+                 std::string_view value) { choose(parse_choice(option, value, names)); });
+}
+
 const CommandLine::Option* CommandLine::find(std::string_view name) const {
   const auto it = std::find_if(options_.begin(), options_.end(),
                                [&](const Option& option) { return option.name == name; });

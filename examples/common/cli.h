@@ -1,6 +1,8 @@
 // Minimal command-line parsing for amp's examples: --name VALUE options, --help, checked values.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -52,6 +54,22 @@ class CommandLine {
   void add_positive_option(std::string name, std::string value_name, std::string_view help,
                            double& target);
 
+  /// Registers an option whose value is one of the names in `choices`, e.g. --optimizer with
+  /// {"adamw", "fused-adamw"}; the usage text writes the value as {a,b} and the help gets
+  /// " (default NAME)" from `target`.
+  /// Args: name: without the leading dashes; help: one line without the default; choices: the
+  ///   accepted values, each with a `name` (a constant table: the setter keeps a reference);
+  ///   target: holds the default and receives a copy of the chosen entry.
+  /// Errors (when parsing): UsageError naming the option, the text and the accepted names.
+  template <class Choice, std::size_t N>
+  void add_choice_option(std::string name, std::string_view help,
+                         const std::array<Choice, N>& choices, Choice& target) {
+    std::vector<std::string_view> names;
+    for (const Choice& choice : choices) names.push_back(choice.name);
+    add_choice(std::move(name), help, std::move(names), target.name,
+               [&choices, &target](std::size_t index) { target = choices[index]; });
+  }
+
   /// Parses the arguments after the program name, calling each option's setter in order.
   /// Args: argc, argv: as passed to main.
   /// Returns: false when help was requested (the caller prints usage() and exits 0), else true.
@@ -73,6 +91,10 @@ class CommandLine {
     Setter set;  // a flag's setter ignores its (empty) argument
   };
   const Option* find(std::string_view name) const;
+  // add_choice_option's untemplated part: registers the option, calling `choose` with the index
+  // of the name given.
+  void add_choice(std::string name, std::string_view help, std::vector<std::string_view> names,
+                  std::string_view default_name, std::function<void(std::size_t)> choose);
 
   std::string program_;
   std::string summary_;

@@ -1,8 +1,10 @@
 // mlp_fashion: a 784-512-256-10 MLP on MNIST-format data with what real training loops need,
-// under amp: AdamW, gradient accumulation, clipping through GradScaler::unscale_and_clip_, a
-// warmup + cosine learning-rate schedule, and a checkpoint every epoch that resumes exactly.
+// under amp: AdamW (LibTorch's or amp's fused one), gradient accumulation, clipping through
+// GradScaler::unscale_and_clip_, a warmup + cosine learning-rate schedule, and a checkpoint every
+// epoch that resumes exactly.
 #include <amp/autocast.h>
 #include <amp/grad_scaler.h>
+#include <amp/optim.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -14,12 +16,15 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -45,6 +50,21 @@ constexpr std::int64_t kEvalChunk = 2000;
 // Written into every checkpoint; a reader refuses other versions instead of misreading them.
 constexpr std::int64_t kCheckpointFormat = 1;
 
+/// A value of --optimizer: the same AdamW update from LibTorch, or from amp over ATen's fused
+/// kernel (one kernel per step instead of a chain of small ops per parameter; with fp16 it also
+/// unscales the gradients and skips an overflowing step on the device).
+struct OptimizerChoice {
+  std::string_view name;
+  /// How the settings line names it.
+  std::string_view label;
+  bool fused;
+};
+
+constexpr std::array kOptimizers = {
+    OptimizerChoice{"adamw", "AdamW", false},
+    OptimizerChoice{"fused-adamw", "FusedAdamW", true},
+};
+
 /// The program's settings and their defaults.
 struct Settings {
   std::filesystem::path data_dir = "/usr/share/datasets/fashion-mnist";
@@ -53,6 +73,7 @@ struct Settings {
   std::int64_t batch_size = 64;
   /// Micro-batches whose gradients are summed before each optimizer step.
   std::int64_t accumulate = 2;
+  OptimizerChoice optimizer = kOptimizers[0];  // adamw
   double lr = 1e-3;
   double weight_decay = 0.01;
   std::int64_t warmup_steps = 100;
@@ -89,7 +110,7 @@ TORCH_MODULE(Mlp);
 /// Everything a run changes as it trains: what a checkpoint holds.
 struct TrainingState {
   Mlp model;
-  torch::optim::AdamW optimizer;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
   amp::GradScaler scaler;
   WarmupCosine schedule;
   /// Draws the shuffling; a generator of its own, so nothing else consumes its numbers.
@@ -116,6 +137,19 @@ std::pair<torch::Tensor, torch::Tensor> forward_loss(Mlp& model, const torch::Te
   return {logits, loss};
 }
 
+/// The optimizer --optimizer names, over `parameters`.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tensor> parameters,
+                                                        const Settings& settings) {
+  if (settings.optimizer.fused) {
+    return std::make_unique<amp::optim::FusedAdamW>(
+        std::move(parameters),
+        amp::optim::FusedAdamWOptions(settings.lr).weight_decay(settings.weight_decay));
+  }
+  return std::make_unique<torch::optim::AdamW>(
+      std::move(parameters),
+      torch::optim::AdamWOptions(settings.lr).weight_decay(settings.weight_decay));
+}
+
 /// What one epoch measured, read from device tensors once at its end.
 struct EpochReport {
   double mean_loss;
@@ -128,17 +162,22 @@ struct EpochReport {
 /// `accumulate` micro-batches, each micro-batch's loss weighted by its share of the step's
 /// images, so a step sees the mean gradient of all of them, as one large batch would. The
 /// scaler unscales and clips in one fused pass, then skips the step if a gradient overflowed.
+/// Which steps were skipped is summed from the scaler's flag on the device, never read per step:
+/// with FusedAdamW the decision stays on the device, and a read would stall every step.
 EpochReport train_epoch(TrainingState& state, const ImageSet& train, const Settings& settings) {
   state.model->train();
   const std::int64_t n = train.size();
   const torch::Tensor order =
       torch::randperm(n, state.shuffle, torch::kInt64).to(train.labels.device());
   const auto float64 = train.images.options().dtype(torch::kFloat64);
-  // Device-side sums: the loop syncs only where step() must decide whether to skip.
+  // Device-side sums, read once at the end of the epoch. With LibTorch's AdamW, step() itself
+  // still reads the overflow flag to decide whether to call the optimizer; with FusedAdamW the
+  // loop has no host sync at all.
   torch::Tensor loss_sum = torch::zeros({}, float64);
   torch::Tensor norm_sum = torch::zeros({}, float64);
   torch::Tensor clipped = torch::zeros({}, float64);
-  std::int64_t taken = 0;
+  torch::Tensor skipped = torch::zeros({}, float64);
+  std::int64_t steps = 0;
 
   const std::int64_t group_images = settings.batch_size * settings.accumulate;
   for (std::int64_t group = 0; group < n; group += group_images) {
@@ -153,19 +192,29 @@ EpochReport train_epoch(TrainingState& state, const ImageSet& train, const Setti
       state.scaler.scale(loss * share).backward();
       loss_sum += loss.detach() * (end - start);
     }
-    const torch::Tensor norm = state.scaler.unscale_and_clip_(state.optimizer, settings.clip);
-    state.schedule.apply(state.optimizer);
-    if (state.scaler.step(state.optimizer).read_taken()) {
-      ++taken;
+    torch::optim::Optimizer& optimizer = *state.optimizer;
+    const torch::Tensor norm = state.scaler.unscale_and_clip_(optimizer, settings.clip);
+    state.schedule.apply(optimizer);
+    const amp::StepResult result = state.scaler.step(optimizer);
+    ++steps;
+    // found_inf: 1 for a skipped step; undefined when the scaler is disabled (no step skipped).
+    if (result.found_inf.defined()) {
+      const torch::Tensor taken = result.found_inf.eq(0);
+      skipped += result.found_inf;
+      // A skipped step's norm is inf or NaN: where() keeps it out of the sum.
+      norm_sum += torch::where(taken, norm, 0.0);
+      clipped += norm.gt(settings.clip).logical_and(taken);
+    } else {
       norm_sum += norm;
       clipped += norm.gt(settings.clip);
     }
     state.scaler.update();
-    state.optimizer.zero_grad();
+    optimizer.zero_grad();
     // The schedule counts iterations, skipped ones included (as a Python loop calling
     // scheduler.step() every iteration does), so an fp16 run follows the same curve as fp32.
     state.schedule.advance();
   }
+  const std::int64_t taken = steps - static_cast<std::int64_t>(skipped.item<double>());
   return {loss_sum.item<double>() / n, taken ? norm_sum.item<double>() / taken : 0.0,
           static_cast<std::int64_t>(clipped.item<double>()), taken};
 }
@@ -173,10 +222,13 @@ EpochReport train_epoch(TrainingState& state, const ImageSet& train, const Setti
 // ---- checkpoints ----
 
 /// The settings a checkpoint must share with the run resuming it: each changes what the
-/// remaining steps compute. (--epochs is checked through the schedule's length.)
+/// remaining steps compute. (--epochs is checked through the schedule's length.) The two
+/// optimizers read each other's state, but their results differ in rounding, so a run continues
+/// with the one it started with; checkpoints from before --optimizer are AdamW's.
 std::vector<amp_examples::CheckpointSetting> resume_keys(const Settings& settings,
                                                          std::int64_t train_size) {
   return {{"precision", std::string(settings.precision.name)},
+          {"--optimizer", std::string(settings.optimizer.name), std::string("adamw")},
           {"batch-size", settings.batch_size},
           {"accumulate", settings.accumulate},
           {"lr", settings.lr},
@@ -190,7 +242,7 @@ std::vector<amp_examples::CheckpointSetting> resume_keys(const Settings& setting
 void save_checkpoint(TrainingState& state, const Settings& settings, std::int64_t train_size) {
   torch::serialize::OutputArchive archive;
   amp_examples::write_section(archive, "model", [&](auto& out) { state.model->save(out); });
-  amp_examples::write_section(archive, "optimizer", [&](auto& out) { state.optimizer.save(out); });
+  amp_examples::write_section(archive, "optimizer", [&](auto& out) { state.optimizer->save(out); });
   amp_examples::write_section(archive, "scaler", [&](auto& out) { out << state.scaler; });
   amp_examples::write_section(archive, "schedule", [&](auto& out) { state.schedule.save(out); });
   amp_examples::write_generator(archive, "shuffle", state.shuffle);
@@ -207,7 +259,7 @@ void load_checkpoint(TrainingState& state, const Settings& settings, std::int64_
   checkpoint.check(kCheckpointFormat, resume_keys(settings, train_size));
   checkpoint.read_section("schedule", [&](auto& in) { state.schedule.load(in, path); });
   checkpoint.read_section("model", [&](auto& in) { state.model->load(in); });
-  checkpoint.read_section("optimizer", [&](auto& in) { state.optimizer.load(in); });
+  checkpoint.read_section("optimizer", [&](auto& in) { state.optimizer->load(in); });
   checkpoint.read_section("scaler", [&](auto& in) { in >> state.scaler; });
   checkpoint.read_generator("shuffle", state.shuffle);
   state.epochs_done = checkpoint.entry("epoch").toInt();
@@ -226,10 +278,10 @@ void run(const Settings& settings) {
   const std::int64_t steps = steps_per_epoch(train.size(), settings);
   fmt::print(
       "precision {} ({}), device {}, epochs {}, batch size {} x {} accumulated, {} steps per "
-      "epoch\nAdamW lr {} (warmup {} steps, cosine to 0), weight decay {}, clip norm {}, seed {}\n",
+      "epoch\n{} lr {} (warmup {} steps, cosine to 0), weight decay {}, clip norm {}, seed {}\n",
       settings.precision.name, settings.precision.description, settings.device.name,
-      settings.epochs, settings.batch_size, settings.accumulate, steps, settings.lr,
-      settings.warmup_steps, settings.weight_decay, settings.clip, settings.seed);
+      settings.epochs, settings.batch_size, settings.accumulate, steps, settings.optimizer.label,
+      settings.lr, settings.warmup_steps, settings.weight_decay, settings.clip, settings.seed);
 
   // The weights come from the seeded default generator on the CPU, then move, so every device
   // starts from the same model.
@@ -238,9 +290,7 @@ void run(const Settings& settings) {
   model->to(settings.device.type);
   TrainingState state{
       model,
-      torch::optim::AdamW(
-          model->parameters(),
-          torch::optim::AdamWOptions(settings.lr).weight_decay(settings.weight_decay)),
+      make_optimizer(model->parameters(), settings),
       amp::GradScaler(
           settings.device.type,
           amp::GradScalerOptions(settings.scaler).enabled(settings.precision.loss_scaling)),
@@ -298,14 +348,18 @@ void run(const Settings& settings) {
 amp_examples::CommandLine make_command_line(Settings& s) {
   amp_examples::CommandLine cli(
       "mlp_fashion",
-      "Trains an MLP (784-512-256-10, ReLU) on an MNIST-format dataset with AdamW, gradient\n"
-      "accumulation, gradient clipping through amp::GradScaler::unscale_and_clip_, a warmup +\n"
-      "cosine learning-rate schedule and a checkpoint every epoch (--resume continues exactly),\n"
-      "with the forward pass under amp::AutocastGuard (fp16 with GradScaler loss scaling).");
+      "Trains an MLP (784-512-256-10, ReLU) on an MNIST-format dataset with AdamW (LibTorch's or\n"
+      "amp's fused one), gradient accumulation, gradient clipping through\n"
+      "amp::GradScaler::unscale_and_clip_, a warmup + cosine learning-rate schedule and a\n"
+      "checkpoint every epoch (--resume continues exactly), with the forward pass under\n"
+      "amp::AutocastGuard (fp16 with GradScaler loss scaling).");
   amp_examples::add_data_option(cli, s.data_dir);
   cli.add_integer_option("epochs", "N", "passes over the training set", s.epochs, 1);
   cli.add_integer_option("batch-size", "N", "images per forward/backward pass", s.batch_size, 1);
   cli.add_integer_option("accumulate", "N", "micro-batches per optimizer step", s.accumulate, 1);
+  cli.add_choice_option("optimizer",
+                        "LibTorch's AdamW, or amp::optim::FusedAdamW (ATen's fused kernel)",
+                        kOptimizers, s.optimizer);
   cli.add_positive_option("lr", "RATE", "AdamW's peak learning rate", s.lr);
   cli.add_positive_option("weight-decay", "W", "AdamW's decoupled weight decay", s.weight_decay);
   cli.add_integer_option("warmup-steps", "N", "steps of linear learning-rate warmup",

@@ -1,8 +1,9 @@
-// The seed's training program in C++: Linear(784, 10) on MNIST-format images, SGD, cross-entropy,
-// with the forward pass under amp::AutocastGuard, fp16 loss scaling by amp::GradScaler, and
-// checkpoints that resume exactly.
+// The seed's training program in C++: Linear(784, 10) on MNIST-format images, SGD (LibTorch's or
+// amp's fused one), cross-entropy, with the forward pass under amp::AutocastGuard, fp16 loss
+// scaling by amp::GradScaler, and checkpoints that resume exactly.
 #include <amp/autocast.h>
 #include <amp/grad_scaler.h>
+#include <amp/optim.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -13,11 +14,14 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <unistd.h>
@@ -43,12 +47,25 @@ constexpr std::int64_t kEvalChunk = 1000;
 // Written into every checkpoint; a reader refuses other versions instead of misreading them.
 constexpr std::int64_t kCheckpointFormat = 1;
 
+/// A value of --optimizer: the same SGD update from LibTorch, or from amp over ATen's fused kernel,
+/// which with fp16 also unscales the gradients and skips an overflowing step on the device.
+struct OptimizerChoice {
+  std::string_view name;
+  bool fused;
+};
+
+constexpr std::array kOptimizers = {
+    OptimizerChoice{"sgd", false},
+    OptimizerChoice{"fused-sgd", true},
+};
+
 /// The program's settings; the defaults are the seed's.
 struct Settings {
   std::filesystem::path data_dir = "/usr/share/datasets/fashion-mnist";
   std::int64_t epochs = 5;
   std::int64_t batch_size = 64;
   double lr = 0.01;
+  OptimizerChoice optimizer = kOptimizers[0];  // sgd
   std::int64_t seed = 0;
   amp_examples::Precision precision = amp_examples::kPrecisions[1];  // bf16
   amp_examples::DeviceChoice device = amp_examples::kDevices[0];     // cpu
@@ -99,7 +116,7 @@ Forward forward_pass(MyModel& model, const torch::Tensor& images, const torch::T
 /// from `shuffle`, a CPU generator, so the order is the same on every device. Each step is
 /// reported to `monitor`.
 /// Returns: the mean (unscaled) loss per training image.
-double train_epoch(MyModel& model, torch::optim::SGD& optimizer, amp::GradScaler& scaler,
+double train_epoch(MyModel& model, torch::optim::Optimizer& optimizer, amp::GradScaler& scaler,
                    const ImageSet& train, const Settings& settings, at::Generator& shuffle,
                    amp_examples::TrainMonitor& monitor) {
   model->train();
@@ -116,8 +133,9 @@ double train_epoch(MyModel& model, torch::optim::SGD& optimizer, amp::GradScaler
     optimizer.zero_grad();
     const torch::Tensor loss = forward_pass(model, images, labels, settings).loss;
     scaler.scale(loss).backward();
-    // The loop's only host sync when scaling is on: step() must know on the host whether any
-    // gradient overflowed before it calls (or skips) optimizer.step().
+    // With LibTorch's SGD and scaling on, the loop's only host sync: step() must know on the host
+    // whether any gradient overflowed before it calls (or skips) optimizer.step(). FusedSGD takes
+    // the flag and skips on the device, so the loop then has no host sync per step.
     scaler.step(optimizer);
     scaler.update();
     const torch::Tensor weighted_loss = loss.detach() * batch.size(0);
@@ -131,7 +149,10 @@ double train_epoch(MyModel& model, torch::optim::SGD& optimizer, amp::GradScaler
 /// the remaining epochs compute. --epochs, --data's folder name and --device may differ.
 std::vector<amp_examples::CheckpointSetting> checkpoint_keys(const Settings& settings,
                                                              std::int64_t train_size) {
+  // The two optimizers read each other's state, but their results may differ in rounding, so a
+  // run continues with the one it started with; checkpoints from before --optimizer are SGD's.
   return {{"precision", std::string(settings.precision.name)},
+          {"--optimizer", std::string(settings.optimizer.name), std::string("sgd")},
           {"batch-size", settings.batch_size},
           {"lr", settings.lr},
           {"seed", settings.seed},
@@ -144,9 +165,10 @@ amp_examples::RunReport train_model(const Settings& settings, const ImageSet& tr
                                     const ImageSet& test, amp_examples::TrainMonitor& monitor,
                                     Clock::time_point start) {
   const c10::DeviceType device = settings.device.type;
-  fmt::print("precision {} ({}), device {}, epochs {}, batch size {}, lr {}, seed {}\n",
+  fmt::print("precision {} ({}), device {}, epochs {}, batch size {}, {}lr {}, seed {}\n",
              settings.precision.name, settings.precision.description, settings.device.name,
-             settings.epochs, settings.batch_size, settings.lr, settings.seed);
+             settings.epochs, settings.batch_size, settings.optimizer.fused ? "FusedSGD " : "",
+             settings.lr, settings.seed);
   std::fflush(stdout);
   monitor.start_run(settings.precision.name, device, settings.precision.loss_scaling);
 
@@ -155,7 +177,14 @@ amp_examples::RunReport train_model(const Settings& settings, const ImageSet& tr
   // weights.
   MyModel model;
   model->to(device);
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(settings.lr));
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (settings.optimizer.fused) {
+    optimizer = std::make_unique<amp::optim::FusedSGD>(model->parameters(),
+                                                       amp::optim::FusedSGDOptions(settings.lr));
+  } else {
+    optimizer = std::make_unique<torch::optim::SGD>(model->parameters(),
+                                                    torch::optim::SGDOptions(settings.lr));
+  }
   amp::GradScaler scaler(
       device, amp::GradScalerOptions(settings.scaler).enabled(settings.precision.loss_scaling));
   // The shuffle draws from the default CPU generator, right after the weights' initialisation,
@@ -177,7 +206,7 @@ amp_examples::RunReport train_model(const Settings& settings, const ImageSet& tr
     amp_examples::CheckpointReader checkpoint(settings.checkpoint.path, device, "mnist_linear");
     checkpoint.check(kCheckpointFormat, checkpoint_keys(settings, train.size()));
     checkpoint.read_section("model", [&](auto& in) { model->load(in); });
-    checkpoint.read_section("optimizer", [&](auto& in) { optimizer.load(in); });
+    checkpoint.read_section("optimizer", [&](auto& in) { optimizer->load(in); });
     checkpoint.read_section("scaler", [&](auto& in) { in >> scaler; });
     checkpoint.read_generator("shuffle_rng_state", shuffle);
     epochs_done = checkpoint.entry("epoch").toInt();
@@ -198,7 +227,7 @@ amp_examples::RunReport train_model(const Settings& settings, const ImageSet& tr
   for (std::int64_t epoch = epochs_done + 1; epoch <= settings.epochs; ++epoch) {
     const auto epoch_start = Clock::now();
     monitor.start_epoch(epoch, settings.epochs, steps, train.labels.device());
-    const double loss = train_epoch(model, optimizer, scaler, train, settings, shuffle, monitor);
+    const double loss = train_epoch(model, *optimizer, scaler, train, settings, shuffle, monitor);
     monitor.end_training();
     accuracy = evaluate();
     monitor.end_epoch(loss, *accuracy, scaler);
@@ -207,7 +236,7 @@ amp_examples::RunReport train_model(const Settings& settings, const ImageSet& tr
       // Model, optimizer, scaler, finished epochs and the shuffle generator's state.
       torch::serialize::OutputArchive archive;
       amp_examples::write_section(archive, "model", [&](auto& out) { model->save(out); });
-      amp_examples::write_section(archive, "optimizer", [&](auto& out) { optimizer.save(out); });
+      amp_examples::write_section(archive, "optimizer", [&](auto& out) { optimizer->save(out); });
       amp_examples::write_section(archive, "scaler", [&](auto& out) { out << scaler; });
       archive.write("format", c10::IValue(kCheckpointFormat));
       archive.write("epoch", c10::IValue(epoch));
@@ -267,6 +296,9 @@ amp_examples::CommandLine make_command_line(Settings& s) {
   cli.add_integer_option("epochs", "N", "passes over the training set", s.epochs, 1);
   cli.add_integer_option("batch-size", "N", "images per SGD step", s.batch_size, 1);
   cli.add_positive_option("lr", "RATE", "SGD learning rate", s.lr);
+  cli.add_choice_option("optimizer",
+                        "LibTorch's SGD, or amp::optim::FusedSGD (ATen's fused kernel)",
+                        kOptimizers, s.optimizer);
   cli.add_integer_option("seed", "N", "seed of the weights' initialisation and the shuffling",
                          s.seed, 0);
   amp_examples::add_precision_option(cli, s.precision);

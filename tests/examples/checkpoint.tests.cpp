@@ -157,6 +157,30 @@ TEST_CASE("A checkpoint of another format or other settings is refused, naming w
                                "' has no entry 'seed'; it was not written by prog --checkpoint"));
 }
 
+TEST_CASE("A setting added later is compared through the value older checkpoints were written with",
+          "[examples]") {
+  TempDir dir("checkpoint_tests");
+  const fs::path path = dir.path() / "run.pt";
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(1);
+  save_example(path, 1, generator);  // has no "--optimizer" entry
+  CheckpointReader reader(path, torch::kCPU, "prog");
+
+  std::vector<CheckpointSetting> settings = kSettings;
+  settings.push_back({"--optimizer", std::string("sgd"), std::string("sgd")});
+  CHECK_NOTHROW(reader.check(1, settings));
+  settings.back().value = std::string("fused-sgd");
+  CHECK_THROWS_MATCHES(
+      reader.check(1, settings), SetupError,
+      Message("the checkpoint '" + path.string() +
+              "' was written with --optimizer sgd but this run has --optimizer fused-sgd; resume "
+              "with the checkpoint's settings, or start afresh without --resume"));
+
+  // An entry the checkpoint has wins over the assumed value.
+  CHECK_NOTHROW(reader.check(1, {{"lr", 0.01, 0.5}}));
+  CHECK_THROWS_WITH(reader.check(1, {{"lr", 0.5, 0.5}}),
+                    Catch::Contains("was written with lr 0.01 but this run has lr 0.5"));
+}
+
 TEST_CASE("A file that is not a checkpoint is refused when it is opened", "[examples]") {
   TempDir dir("checkpoint_tests");
   const fs::path path = dir.path() / "notes.txt";

@@ -1,8 +1,10 @@
 // The examples' option parsing: both option spellings, --help, and each kind of bad command line.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/cli.h"
@@ -138,4 +140,34 @@ TEST_CASE("Number options show their default and store what is given", "[example
   CHECK_THROWS_WITH(parse(cli, {"--lr", "0"}),
                     "--lr must be a finite number greater than 0, not '0'");
   CHECK(cli.program() == "prog");
+}
+
+namespace {
+
+struct Optimizer {
+  std::string_view name;
+  bool fused;
+};
+constexpr std::array kOptimizers = {Optimizer{"adamw", false}, Optimizer{"fused-adamw", true}};
+
+}  // namespace
+
+TEST_CASE("A choice option lists its names, shows its default and stores the chosen entry",
+          "[examples]") {
+  Optimizer optimizer = kOptimizers[0];
+  amp_examples::CommandLine cli("prog", "Trains.");
+  cli.add_choice_option("optimizer", "the optimizer", kOptimizers, optimizer);
+  CHECK_THAT(cli.usage(), Contains("[--optimizer {adamw,fused-adamw}]"));
+  CHECK_THAT(cli.usage(),
+             Contains("--optimizer {adamw,fused-adamw}  the optimizer (default adamw)"));
+
+  CHECK(parse(cli, {"--optimizer", "fused-adamw"}));
+  CHECK(optimizer.name == "fused-adamw");
+  CHECK(optimizer.fused);
+  CHECK(parse(cli, {"--optimizer=adamw"}));
+  CHECK(optimizer.name == "adamw");
+  CHECK_FALSE(optimizer.fused);
+  CHECK_THROWS_WITH(parse(cli, {"--optimizer", "sgd"}),
+                    "--optimizer must be one of adamw, fused-adamw, not 'sgd'");
+  CHECK(optimizer.name == "adamw");
 }

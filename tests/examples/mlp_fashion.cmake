@@ -1,6 +1,6 @@
 # mlp_fashion's runs (included by CMakeLists.txt): training in each precision on the fixture,
-# clipping, skipped fp16 steps, exact resume after --stop-after, refused checkpoints, bad options,
-# and a standalone build.
+# clipping, skipped fp16 steps, exact resume after --stop-after, the same with FusedAdamW,
+# refused checkpoints, bad options, and a standalone build.
 
 # 16 images per pass, 2 passes per AdamW step: 8 steps per epoch on the fixture.
 set(_mlp_args --data "${_fixture}/good" --batch-size 16 --accumulate 2 --warmup-steps 4)
@@ -22,9 +22,23 @@ amp_example_run(mlp_fashion clips_every_step_through_the_scaler EXIT 0 EPOCHS 2
   ARGS ${_mlp_args} --epochs 2 --precision fp16 --clip 0.001)
 # An initial scale of 2^22 overflows the first steps' float16 gradients: the scaler skips them
 # (clipping counts only the steps taken) and backs off until the scale fits; then training goes on.
+# The loop counts the steps taken from the scaler's flag on the device ("clipped C of T steps"),
+# the scaler's counters count the skipped ones ("skipped steps S of 8"): T + S must be 8.
+set(_taken_and_skipped "")
+foreach(_skipped RANGE 1 7)
+  math(EXPR _taken "8 - ${_skipped}")
+  list(APPEND _taken_and_skipped "of ${_taken} steps\\)[^\n]*, skipped steps ${_skipped} of 8,")
+endforeach()
+list(JOIN _taken_and_skipped "|" _taken_and_skipped)
+set(_overflowing_epoch_1 "epoch 1/2: [^\n]*\\(clipped [0-7] (${_taken_and_skipped})[^\n]*\n")
 amp_example_run(mlp_fashion skips_overflowing_fp16_steps EXIT 0 EPOCHS 2
-  OUTPUT "epoch 1/2: [^\n]*\\(clipped [0-7] of [1-7] steps\\)[^\n]*, skipped steps [1-7] of 8,[^\n]*\nepoch 2/2: [^\n]*, skipped steps 0 of 8,"
+  OUTPUT "${_overflowing_epoch_1}epoch 2/2: [^\n]*\\(clipped [0-8] of 8 steps\\)[^\n]*, skipped steps 0 of 8,"
   ARGS ${_mlp_args} --epochs 2 --precision fp16 --init-scale 4194304)
+# The same with FusedAdamW, which takes or skips each step on the device.
+amp_example_run(mlp_fashion skips_overflowing_fp16_steps_with_fused_adamw EXIT 0 EPOCHS 2
+  MIN_ACCURACY 90
+  OUTPUT "FusedAdamW lr 0.001 .*${_overflowing_epoch_1}epoch 2/2: [^\n]*\\(clipped [0-8] of 8 steps\\)[^\n]*, skipped steps 0 of 8,"
+  ARGS ${_mlp_args} --epochs 2 --precision fp16 --init-scale 4194304 --optimizer fused-adamw)
 
 # 3 epochs in one go against 1 epoch, stopped by --stop-after, + --resume. From an overflowing
 # initial scale, the checkpoint's scale, growth tracker and skip counts differ from a fresh
@@ -33,6 +47,11 @@ amp_example_resume(mlp_fashion resumes_fp16_exactly EPOCHS 3 STOP_AFTER 1 STOP_W
   ARGS ${_mlp_args} --precision fp16 --init-scale 4194304)
 amp_example_resume(mlp_fashion resumes_bf16_exactly EPOCHS 3 STOP_AFTER 1 STOP_WITH stop-after
   ARGS ${_mlp_args} --precision bf16)
+# FusedAdamW's state (its step counts live in tensors, rolled back on skipped steps) through a
+# checkpoint.
+amp_example_resume(mlp_fashion resumes_fp16_exactly_with_fused_adamw EPOCHS 3 STOP_AFTER 1
+  STOP_WITH stop-after
+  ARGS ${_mlp_args} --precision fp16 --init-scale 4194304 --optimizer fused-adamw)
 
 # The bf16 resume test's checkpoint, after epoch 1 of 3 (24 steps), resumed with other settings.
 set(_bf16_checkpoint "${CMAKE_CURRENT_BINARY_DIR}/mlp_fashion/resumes_bf16_exactly/split.pt")
@@ -43,17 +62,26 @@ amp_example_run(mlp_fashion refuses_a_checkpoint_of_other_settings EXIT 1
 amp_example_run(mlp_fashion refuses_a_checkpoint_of_another_schedule EXIT 1
   OUTPUT "mlp_fashion: error: the checkpoint '[^']*split.pt' follows a learning-rate schedule of 24 steps but this run's has 40; resume with the --epochs the checkpoint was started with"
   ARGS ${_mlp_args} --precision bf16 --epochs 5 --checkpoint "${_bf16_checkpoint}" --resume)
+# The optimizers read each other's state, but a run continues with the one it started with.
+amp_example_run(mlp_fashion refuses_a_checkpoint_of_another_optimizer EXIT 1
+  OUTPUT "mlp_fashion: error: the checkpoint '[^']*split.pt' was written with --optimizer adamw but this run has --optimizer fused-adamw; resume with the checkpoint's settings, or start afresh without --resume"
+  ARGS ${_mlp_args} --precision bf16 --epochs 3 --optimizer fused-adamw
+    --checkpoint "${_bf16_checkpoint}" --resume)
 set_tests_properties(example.mlp_fashion.refuses_a_checkpoint_of_other_settings
-  example.mlp_fashion.refuses_a_checkpoint_of_another_schedule PROPERTIES
+  example.mlp_fashion.refuses_a_checkpoint_of_another_schedule
+  example.mlp_fashion.refuses_a_checkpoint_of_another_optimizer PROPERTIES
   DEPENDS example.mlp_fashion.resumes_bf16_exactly)
 amp_example_run(mlp_fashion rejects_resume_without_a_checkpoint_file EXIT 1
   OUTPUT "mlp_fashion: error: --resume: there is no checkpoint at '[^']*none.pt'; run once without --resume to create it"
   ARGS ${_mlp_args} --checkpoint "${CMAKE_CURRENT_BINARY_DIR}/mlp_fashion/none.pt" --resume)
+amp_example_run(mlp_fashion rejects_an_unknown_optimizer EXIT 2
+  OUTPUT "mlp_fashion: error: --optimizer must be one of adamw, fused-adamw, not 'sgd'.*usage: mlp_fashion"
+  ARGS --optimizer sgd)
 amp_example_run(mlp_fashion rejects_zero_accumulation EXIT 2
   OUTPUT "mlp_fashion: error: --accumulate must be a whole number from 1 to [0-9]+, not '0'.*usage: mlp_fashion"
   ARGS --accumulate 0)
 amp_example_run(mlp_fashion prints_help EXIT 0
-  OUTPUT "usage: mlp_fashion .*--accumulate N.*--clip NORM.*--precision \\{fp32,bf16,fp16\\}.*--device \\{cpu,cuda\\}.*--resume.*--stop-after N"
+  OUTPUT "usage: mlp_fashion .*--accumulate N.*--optimizer \\{adamw,fused-adamw\\}.*--clip NORM.*--precision \\{fp32,bf16,fp16\\}.*--device \\{cpu,cuda\\}.*--resume.*--stop-after N"
   ARGS --help)
 amp_example_run(mlp_fashion rejects_cuda_without_a_gpu EXIT 1
   SKIP_IF "device cuda, epochs"

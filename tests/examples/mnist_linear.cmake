@@ -1,6 +1,6 @@
 # mnist_linear's runs (included by CMakeLists.txt): training in each precision on the fixture,
-# skipped fp16 steps, exact resume, metrics and --compare, each kind of bad input, and a
-# standalone build.
+# skipped fp16 steps, exact resume, the same with FusedSGD, metrics and --compare, each kind of bad
+# input, and a standalone build.
 
 # The seed's hyper-parameters: 4 epochs of 4 steps take the fixture from chance to over 90%.
 # The dtypes line proves autocast was on (bf16, fp16) or off (fp32) during the forward pass; only
@@ -23,11 +23,23 @@ amp_example_run(mnist_linear skips_overflowing_fp16_steps_and_backs_off EXIT 0 E
   SCALER ON
   OUTPUT "epoch 1/4: [^\n]*, loss scale 262144, skipped steps 2 of 4, .*epoch 4/4: [^\n]*, loss scale 262144, skipped steps 0 of 4, "
   ARGS --data "${_fixture}/good" --epochs 4 --precision fp16 --init-scale 1048576)
+# FusedSGD takes the scale and the overflow flag from the scaler and skips on the device: the
+# same two steps are skipped, the scaler backs off the same way, and the run learns the fixture.
+amp_example_run(mnist_linear skips_overflowing_fp16_steps_with_fused_sgd EXIT 0 EPOCHS 4
+  MIN_ACCURACY 90 SCALER ON
+  OUTPUT "batch size 64, FusedSGD lr 0.01, .*epoch 1/4: [^\n]*, loss scale 262144, skipped steps 2 of 4, .*epoch 4/4: [^\n]*, loss scale 262144, skipped steps 0 of 4, "
+  ARGS --data "${_fixture}/good" --epochs 4 --precision fp16 --init-scale 1048576
+    --optimizer fused-sgd)
 # On a machine with a GPU the same fp16 run trains on it; elsewhere it is reported as skipped.
 amp_example_run(mnist_linear learns_the_fixture_in_fp16_on_cuda EXIT 0 EPOCHS 4 MIN_ACCURACY 90 SCALER ON
   SKIP_IF "--device cuda needs a CUDA GPU, but none is available"
   OUTPUT "precision fp16 [^\n]*, device cuda,.*forward pass: logits Half, loss Float"
   ARGS --data "${_fixture}/good" --epochs 4 --precision fp16 --device cuda)
+amp_example_run(mnist_linear learns_the_fixture_with_fused_sgd_in_fp16_on_cuda EXIT 0 EPOCHS 4
+  MIN_ACCURACY 90 SCALER ON
+  SKIP_IF "--device cuda needs a CUDA GPU, but none is available"
+  OUTPUT "precision fp16 [^\n]*, device cuda,[^\n]*, FusedSGD lr 0.01,.*forward pass: logits Half, loss Float"
+  ARGS --data "${_fixture}/good" --epochs 4 --precision fp16 --device cuda --optimizer fused-sgd)
 amp_example_run(mnist_linear rejects_cuda_without_a_gpu EXIT 1
   SKIP_IF "device cuda, epochs 1"
   OUTPUT "^mnist_linear: error: --device cuda needs a CUDA GPU, but none is available \\(no GPU or driver on this machine, or a LibTorch built without CUDA\\); run on the CPU with --device cpu\n$"
@@ -41,9 +53,21 @@ amp_example_run(mnist_linear rejects_cuda_without_a_gpu EXIT 1
 amp_example_resume(mnist_linear resumes_fp16_exactly_as_an_uninterrupted_run
   EPOCHS 5 STOP_AFTER 2 STOP_WITH epochs
   ARGS --data "${_fixture}/good" --precision fp16 --init-scale 1048576 --growth-interval 3)
+amp_example_resume(mnist_linear resumes_fp16_with_fused_sgd_exactly_as_an_uninterrupted_run
+  EPOCHS 5 STOP_AFTER 2 STOP_WITH epochs
+  ARGS --data "${_fixture}/good" --precision fp16 --init-scale 1048576 --growth-interval 3
+    --optimizer fused-sgd)
 amp_example_resume(mnist_linear resumes_fp32_exactly_as_an_uninterrupted_run
   EPOCHS 4 STOP_AFTER 1 STOP_WITH epochs
   ARGS --data "${_fixture}/good" --precision fp32)
+# The optimizers read each other's state, but a run continues with the one it started with.
+amp_example_run(mnist_linear refuses_a_checkpoint_of_another_optimizer EXIT 1
+  OUTPUT "mnist_linear: error: the checkpoint '[^']*split.pt' was written with --optimizer fused-sgd but this run has --optimizer sgd; resume with the checkpoint's settings, or start afresh without --resume"
+  ARGS --data "${_fixture}/good" --precision fp16 --init-scale 1048576 --growth-interval 3
+    --epochs 5 --resume --checkpoint
+    "${CMAKE_CURRENT_BINARY_DIR}/mnist_linear/resumes_fp16_with_fused_sgd_exactly_as_an_uninterrupted_run/split.pt")
+set_tests_properties(example.mnist_linear.refuses_a_checkpoint_of_another_optimizer PROPERTIES
+  DEPENDS example.mnist_linear.resumes_fp16_with_fused_sgd_exactly_as_an_uninterrupted_run)
 amp_example_run(mnist_linear rejects_resume_without_a_checkpoint_file EXIT 1
   OUTPUT "mnist_linear: error: --resume: there is no checkpoint at '[^']*no-such-checkpoint.pt'; run once without --resume to create it"
   ARGS --data "${_fixture}/good" --checkpoint "${CMAKE_CURRENT_BINARY_DIR}/mnist_linear/no-such-checkpoint.pt" --resume)
@@ -96,7 +120,7 @@ amp_example_run(mnist_linear rejects_zero_metrics_steps EXIT 2
   ARGS --metrics-every 0)
 
 amp_example_run(mnist_linear prints_help EXIT 0
-  OUTPUT "usage: mnist_linear .*--precision \\{fp32,bf16,fp16\\}.*--device \\{cpu,cuda\\}.*--resume\\].*--data DIR"
+  OUTPUT "usage: mnist_linear .*--optimizer \\{sgd,fused-sgd\\}.*--precision \\{fp32,bf16,fp16\\}.*--device \\{cpu,cuda\\}.*--resume\\].*--data DIR"
   ARGS --help)
 amp_example_run(mnist_linear rejects_an_unknown_option EXIT 2
   OUTPUT "mnist_linear: error: unknown option '--frobnicate'.*usage: mnist_linear"
@@ -107,6 +131,9 @@ amp_example_run(mnist_linear rejects_a_missing_value EXIT 2
 amp_example_run(mnist_linear rejects_zero_epochs EXIT 2
   OUTPUT "error: --epochs must be a whole number from 1 to [0-9]+, not '0'"
   ARGS --epochs=0)
+amp_example_run(mnist_linear rejects_an_unknown_optimizer EXIT 2
+  OUTPUT "error: --optimizer must be one of sgd, fused-sgd, not 'adam'"
+  ARGS --optimizer adam)
 amp_example_run(mnist_linear rejects_an_unknown_precision EXIT 2
   OUTPUT "error: --precision must be one of fp32, bf16, fp16, not 'fp64'"
   ARGS --precision fp64)
