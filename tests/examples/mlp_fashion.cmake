@@ -64,8 +64,8 @@ amp_example_run(mlp_fashion refuses_a_checkpoint_of_another_schedule EXIT 1
   ARGS ${_mlp_args} --precision bf16 --epochs 5 --checkpoint "${_bf16_checkpoint}" --resume)
 # The optimizers read each other's state, but a run continues with the one it started with.
 amp_example_run(mlp_fashion refuses_a_checkpoint_of_another_optimizer EXIT 1
-  OUTPUT "mlp_fashion: error: the checkpoint '[^']*split.pt' was written with --optimizer adamw but this run has --optimizer fused-adamw; resume with the checkpoint's settings, or start afresh without --resume"
-  ARGS ${_mlp_args} --precision bf16 --epochs 3 --optimizer fused-adamw
+  OUTPUT "mlp_fashion: error: the checkpoint '[^']*split.pt' was written with --optimizer fused-adamw but this run has --optimizer adamw; resume with the checkpoint's settings, or start afresh without --resume"
+  ARGS ${_mlp_args} --precision bf16 --epochs 3 --optimizer adamw
     --checkpoint "${_bf16_checkpoint}" --resume)
 set_tests_properties(example.mlp_fashion.refuses_a_checkpoint_of_other_settings
   example.mlp_fashion.refuses_a_checkpoint_of_another_schedule
