@@ -60,9 +60,11 @@ class AMP_EXPORT SupportsAmpScaling {
 /// capturable.
 struct AMP_EXPORT FusedAdamOptions
     : public torch::optim::OptimizerCloneableOptions<FusedAdamOptions> {
+  /// Defaults everywhere, with the given learning rate.
   FusedAdamOptions(double lr = 1e-3);  // NOLINT: implicit, as LibTorch's AdamOptions
   /// Learning rate; finite and >= 0.
   TORCH_ARG(double, lr) = 1e-3;
+  /// The type of betas: (beta1, beta2).
   typedef std::tuple<double, double> betas_t;
   /// Decay rates of the first and second moment estimates; each in [0, 1).
   TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
@@ -79,9 +81,13 @@ struct AMP_EXPORT FusedAdamOptions
   TORCH_ARG(bool, capturable) = false;
 
  public:
+  /// Reads the options from a checkpoint, under LibTorch's key names.
   void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes the options under LibTorch's key names.
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// The learning rate (what LR schedulers read).
   double get_lr() const override { return lr(); }
+  /// Sets the learning rate (what LR schedulers write).
   void set_lr(const double lr) override { this->lr(lr); }
 };
 
@@ -89,9 +95,11 @@ struct AMP_EXPORT FusedAdamOptions
 /// plus maximize and capturable.
 struct AMP_EXPORT FusedAdamWOptions
     : public torch::optim::OptimizerCloneableOptions<FusedAdamWOptions> {
+  /// Defaults everywhere, with the given learning rate.
   FusedAdamWOptions(double lr = 1e-3);  // NOLINT: implicit, as LibTorch's AdamWOptions
   /// Learning rate; finite and >= 0.
   TORCH_ARG(double, lr) = 1e-3;
+  /// The type of betas: (beta1, beta2).
   typedef std::tuple<double, double> betas_t;
   /// Decay rates of the first and second moment estimates; each in [0, 1).
   TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
@@ -107,9 +115,13 @@ struct AMP_EXPORT FusedAdamWOptions
   TORCH_ARG(bool, capturable) = false;
 
  public:
+  /// Reads the options from a checkpoint, under LibTorch's key names.
   void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes the options under LibTorch's key names.
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// The learning rate (what LR schedulers read).
   double get_lr() const override { return lr(); }
+  /// Sets the learning rate (what LR schedulers write).
   void set_lr(const double lr) override { this->lr(lr); }
 };
 
@@ -117,6 +129,7 @@ struct AMP_EXPORT FusedAdamWOptions
 /// maximize and capturable.
 struct AMP_EXPORT FusedSGDOptions
     : public torch::optim::OptimizerCloneableOptions<FusedSGDOptions> {
+  /// Defaults everywhere, with the given learning rate (SGD has no default lr).
   FusedSGDOptions(double lr);  // NOLINT: implicit, as LibTorch's SGDOptions
   /// Learning rate; finite and >= 0.
   TORCH_ARG(double, lr);
@@ -134,9 +147,13 @@ struct AMP_EXPORT FusedSGDOptions
   TORCH_ARG(bool, capturable) = false;
 
  public:
+  /// Reads the options from a checkpoint, under LibTorch's key names.
   void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes the options under LibTorch's key names.
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// The learning rate (what LR schedulers read).
   double get_lr() const override { return lr(); }
+  /// Sets the learning rate (what LR schedulers write).
   void set_lr(const double lr) override { this->lr(lr); }
 };
 
@@ -145,9 +162,13 @@ struct AMP_EXPORT FusedSGDOptions
 /// Saved in LibTorch's Adam/AdamW layout, with the step count as an integer.
 struct AMP_EXPORT FusedAdamParamState
     : public torch::optim::OptimizerCloneableParamState<FusedAdamParamState> {
+  /// Steps taken so far: a 0-dim float32 tensor on the parameter's device.
   TORCH_ARG(at::Tensor, step);
+  /// First moment estimate, shaped and typed like the parameter.
   TORCH_ARG(at::Tensor, exp_avg);
+  /// Second moment estimate, shaped and typed like the parameter.
   TORCH_ARG(at::Tensor, exp_avg_sq);
+  /// Maximum of past second moments (amsgrad only; otherwise undefined).
   TORCH_ARG(at::Tensor, max_exp_avg_sq);
 
  public:
@@ -161,10 +182,13 @@ struct AMP_EXPORT FusedAdamParamState
 /// LibTorch's SGD layout.
 struct AMP_EXPORT FusedSGDParamState
     : public torch::optim::OptimizerCloneableParamState<FusedSGDParamState> {
+  /// The momentum buffer, shaped and typed like the parameter.
   TORCH_ARG(at::Tensor, momentum_buffer);
 
  public:
+  /// Reads LibTorch's SGD layout.
   void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes LibTorch's SGD layout.
   void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
@@ -172,8 +196,13 @@ namespace detail {
 /// The Adam family's step and checkpoint code, shared by FusedAdam and FusedAdamW.
 class AMP_EXPORT FusedAdamBase : public torch::optim::Optimizer, public SupportsAmpScaling {
  public:
+  /// One fused kernel call per param group and parameter dtype; runs the closure first (under
+  /// grad mode) when given and returns its loss. Unscales by grad_scale() and skips on
+  /// found_inf() when a GradScaler set them.
   at::Tensor step(LossClosure closure = nullptr) override;
+  /// Writes options and state in LibTorch's layout (reads step counts back to the host).
   void save(torch::serialize::OutputArchive& archive) const override;
+  /// Reads a checkpoint of this optimizer or of LibTorch's counterpart; all or nothing.
   void load(torch::serialize::InputArchive& archive) override;
   /// Capturable mode: writes each group's current lr into its device tensor, in place. step()
   /// does this itself; a replay of a captured CUDA graph runs no host code, so after changing a
@@ -208,8 +237,10 @@ class AMP_EXPORT FusedAdamBase : public torch::optim::Optimizer, public Supports
 /// or state shapes do not match leaves the optimizer unchanged.
 class AMP_EXPORT FusedAdam : public detail::FusedAdamBase {
  public:
+  /// Param groups whose options, where set, override `defaults` field by field.
   explicit FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                      FusedAdamOptions defaults = {});
+  /// One param group holding `params`.
   explicit FusedAdam(std::vector<at::Tensor> params, FusedAdamOptions defaults = {});
 };
 
@@ -217,8 +248,10 @@ class AMP_EXPORT FusedAdam : public detail::FusedAdamBase {
 /// as FusedAdam. Equals Python's `torch.optim.AdamW(fused=True)` bit for bit.
 class AMP_EXPORT FusedAdamW : public detail::FusedAdamBase {
  public:
+  /// Param groups whose options, where set, override `defaults` field by field.
   explicit FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                       FusedAdamWOptions defaults = {});
+  /// One param group holding `params`.
   explicit FusedAdamW(std::vector<at::Tensor> params, FusedAdamWOptions defaults = {});
 };
 
@@ -232,12 +265,19 @@ class AMP_EXPORT FusedAdamW : public detail::FusedAdamBase {
 /// from (1 - d) * grad.
 class AMP_EXPORT FusedSGD : public torch::optim::Optimizer, public SupportsAmpScaling {
  public:
+  /// Param groups whose options, where set, override `defaults` field by field.
   explicit FusedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                     FusedSGDOptions defaults);
+  /// One param group holding `params`.
   explicit FusedSGD(std::vector<at::Tensor> params, FusedSGDOptions defaults);
 
+  /// One fused kernel call per param group and parameter dtype; runs the closure first (under
+  /// grad mode) when given and returns its loss. Unscales by grad_scale() and skips on
+  /// found_inf() when a GradScaler set them.
   at::Tensor step(LossClosure closure = nullptr) override;
+  /// Writes options and state in LibTorch's layout (reads step counts back to the host).
   void save(torch::serialize::OutputArchive& archive) const override;
+  /// Reads a checkpoint of this optimizer or of LibTorch's counterpart; all or nothing.
   void load(torch::serialize::InputArchive& archive) override;
   /// Capturable mode: writes each group's current lr into its device tensor, in place. step()
   /// does this itself; a replay of a captured CUDA graph runs no host code, so after changing a
