@@ -48,12 +48,21 @@
 #include <vector>
 
 #include <amp/autocast.h>
+
+#include "bench_stats.h"
 #include <amp/grad_scaler.h>
 #include <amp/info.h>
 #include <amp/optim.h>
 
 namespace {
 
+using amp_bench::cpu_model;
+using amp_bench::load_average;
+using amp_bench::make_mlp;
+using amp_bench::median;
+using amp_bench::median_ci;
+using amp_bench::quantile;
+using amp_bench::ratios;
 using Clock = std::chrono::steady_clock;
 
 constexpr double kLr = 1e-3;
@@ -64,34 +73,6 @@ constexpr int64_t kAdamBytesPerElement = 7 * 4;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const auto i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
-
-double median(const std::vector<double>& v) { return quantile(v, 0.5); }
-
-/// Distribution-free ~95% confidence interval of the median: the order statistics at ranks
-/// n/2 -+ 1.96 sqrt(n)/2 (binomial normal approximation).
-std::pair<double, double> median_ci(std::vector<double> v) {
-  if (v.empty()) return {0.0, 0.0};
-  std::sort(v.begin(), v.end());
-  const double n = static_cast<double>(v.size());
-  const double half = 0.98 * std::sqrt(n);
-  const auto lo = static_cast<size_t>(std::max(0.0, std::floor(n / 2 - half)));
-  const auto hi = static_cast<size_t>(std::min(n - 1, std::ceil(n / 2 + half)));
-  return {v[lo], v[hi]};
-}
-
-/// Per-round ratio a[i] / b[i] (both ran in the same round).
-std::vector<double> ratios(const std::vector<double>& a, const std::vector<double>& b) {
-  std::vector<double> r;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) r.push_back(a[i] / b[i]);
-  return r;
 }
 
 /// "1.234x [1.200, 1.250]": the median of the paired ratios and its 95% interval.
@@ -118,16 +99,6 @@ std::vector<std::vector<double>> interleave(
     }
   }
   return seconds;
-}
-
-/// An MLP 784 -> widths... with ReLU between layers (a single Linear for {784, 10}).
-torch::nn::Sequential make_mlp(const std::vector<int64_t>& widths) {
-  torch::nn::Sequential seq;
-  for (size_t i = 0; i + 1 < widths.size(); ++i) {
-    seq->push_back(torch::nn::Linear(widths[i], widths[i + 1]));
-    if (i + 2 < widths.size()) seq->push_back(torch::nn::ReLU());
-  }
-  return seq;
 }
 
 std::string arch_name(const std::vector<int64_t>& widths) {
@@ -367,25 +338,6 @@ void train_case(const std::string& name, const std::vector<int64_t>& widths, int
 }
 
 // ---- the program ----
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
-    }
-  }
-  return "unknown";
-}
-
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
 
 int parse_int(const std::string& flag, const char* value, int minimum) {
   TORCH_CHECK(value != nullptr, "amp_optim_bench: ", flag, " needs a value; pass e.g. ", flag,

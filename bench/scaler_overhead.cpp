@@ -32,11 +32,20 @@
 #include <vector>
 
 #include <amp/autocast.h>
+
+#include "bench_stats.h"
 #include <amp/grad_scaler.h>
 #include <amp/info.h>
 
 namespace {
 
+using amp_bench::cpu_model;
+using amp_bench::load_average;
+using amp_bench::make_mlp;
+using amp_bench::median;
+using amp_bench::median_ci;
+using amp_bench::quantile;
+using amp_bench::ratios;
 using Clock = std::chrono::steady_clock;
 
 /// The parts of one training step, timed separately so a slow step can be attributed.
@@ -127,27 +136,6 @@ struct Runner {
   }
 };
 
-double quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const auto i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
-
-double median(const std::vector<double>& v) { return quantile(v, 0.5); }
-
-/// Distribution-free ~95% confidence interval of the median: the order statistics at ranks
-/// n/2 -+ 1.96 sqrt(n)/2 (binomial normal approximation), so noise bursts cannot move it much.
-std::pair<double, double> median_ci(std::vector<double> v) {
-  if (v.empty()) return {0.0, 0.0};
-  std::sort(v.begin(), v.end());
-  const double n = static_cast<double>(v.size());
-  const double half = 0.98 * std::sqrt(n);
-  const auto lo = static_cast<size_t>(std::max(0.0, std::floor(n / 2 - half)));
-  const auto hi = static_cast<size_t>(std::min(n - 1, std::ceil(n / 2 + half)));
-  return {v[lo], v[hi]};
-}
-
 /// Median seconds of `fn` over `reps` calls (after one warm-up call).
 template <class Fn>
 double time_median(int reps, Fn&& fn) {
@@ -182,23 +170,6 @@ void print_unscale_components(const torch::nn::Sequential& model, const at::Tens
       "_amp_foreach_non_finite_check_and_unscale_ over %zu grads %.4f ms; found_inf.item() "
       "(step's read) %.4f ms\n",
       reps, 1e3 * inv, 1e3 * full, grads.size(), 1e3 * check, 1e3 * item);
-}
-
-/// Per-round ratio a[i] / b[i] (rounds are paired: both ran in the same round).
-std::vector<double> ratios(const std::vector<double>& a, const std::vector<double>& b) {
-  std::vector<double> r;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) r.push_back(a[i] / b[i]);
-  return r;
-}
-
-/// An MLP 784 -> widths... with ReLU between layers (a single Linear for {784, 10}).
-torch::nn::Sequential make_mlp(const std::vector<int64_t>& widths) {
-  torch::nn::Sequential seq;
-  for (size_t i = 0; i + 1 < widths.size(); ++i) {
-    seq->push_back(torch::nn::Linear(widths[i], widths[i + 1]));
-    if (i + 2 < widths.size()) seq->push_back(torch::nn::ReLU());
-  }
-  return seq;
 }
 
 struct ModelCase {
@@ -311,26 +282,6 @@ double run_case(const ModelCase& mc, int warmup) {
       "%+.2f%% (ratio of medians)\n",
       mc.name.c_str(), 100.0 * overhead, 100.0 * (median(scaled.totals) / base_median - 1.0));
   return overhead;
-}
-
-/// First "model name" line of /proc/cpuinfo, or "unknown".
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
-    }
-  }
-  return "unknown";
-}
-
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
 }
 
 int parse_int(const char* flag, const char* value, int minimum) {
