@@ -72,8 +72,11 @@ TEST_CASE("Out-of-range options are refused with a sentence naming the value", "
                     Contains("The backoff factor must be < 1.0. Got backoff_factor=1"));
   CHECK_THROWS_WITH(cpu_scaler(GradScalerOptions().backoff_factor(0.0)),
                     Contains("pass a value in (0, 1)"));
-  CHECK_THROWS_WITH(cpu_scaler(GradScalerOptions().init_scale(0.0)),
-                    Contains("The initial scale must be finite and > 0. Got init_scale=0"));
+  CHECK_THROWS_WITH(
+      cpu_scaler(GradScalerOptions().init_scale(0.0)),
+      Contains("The initial scale must be finite and > 0, within float32's normal range "
+               "[1.17549e-38, 3.40282e+38] since the scale is kept in a float32 "
+               "tensor. Got init_scale=0; pass a positive value such as 65536.0"));
   CHECK_THROWS_WITH(cpu_scaler(GradScalerOptions().init_scale(kNaN)),
                     Contains("Got init_scale=nan"));
   CHECK_THROWS_WITH(cpu_scaler(GradScalerOptions().init_scale(kInf)),
@@ -81,7 +84,10 @@ TEST_CASE("Out-of-range options are refused with a sentence naming the value", "
   CHECK_THROWS_WITH(cpu_scaler(GradScalerOptions().growth_interval(0)),
                     Contains("The growth interval must be >= 1. Got growth_interval=0"));
   CHECK_THROWS_WITH(cpu_scaler(GradScalerOptions().hysteresis(0)),
-                    Contains("The hysteresis must be >= 1. Got hysteresis=0"));
+                    Contains("The hysteresis must be >= 1 and <= 2^31-1. Got hysteresis=0"));
+  // The allowance lives in an int32 tensor: 2^31 would break every update().
+  CHECK_THROWS_WITH(cpu_scaler(GradScalerOptions().hysteresis(int64_t{1} << 31)),
+                    Contains("Got hysteresis=2147483648"));
   CHECK_THROWS_WITH(cpu_scaler(GradScalerOptions().min_scale(-1.0)),
                     Contains("The minimum scale must be finite and >= 0. Got min_scale=-1"));
   CHECK_THROWS_WITH(cpu_scaler(GradScalerOptions().max_scale(0.0)),
@@ -89,7 +95,8 @@ TEST_CASE("Out-of-range options are refused with a sentence naming the value", "
   CHECK_THROWS_WITH(cpu_scaler(GradScalerOptions().min_scale(8.0).max_scale(4.0)),
                     Contains("min_scale must not exceed max_scale"));
   CHECK_THROWS_WITH(cpu_scaler(GradScalerOptions().max_scale(1024.0)),
-                    Contains("The scale must lie in [min_scale, max_scale]. Got scale=65536"));
+                    Contains("The initial scale must lie in [min_scale, max_scale]. Got "
+                             "init_scale=65536"));
   // As in Python, a disabled scaler checks nothing.
   CHECK_NOTHROW(cpu_scaler(GradScalerOptions().enabled(false).growth_factor(0.5)));
 }

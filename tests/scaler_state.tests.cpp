@@ -175,10 +175,27 @@ TEST_CASE("An empty state dict is refused with Python's message", "[scaler][stat
                     Contains("The source state dict is empty"));
 }
 
+// Everything a load may write, as it reads back: the state dict (every key and value) and the
+// options in use.
+std::string observable_state(const GradScaler& scaler) {
+  std::ostringstream out;
+  out.precision(17);
+  for (const auto& entry : scaler.state_dict()) out << entry.key() << '=' << entry.value() << ';';
+  const auto& o = scaler.options();
+  out << "init_scale=" << o.init_scale() << ";growth_factor=" << o.growth_factor()
+      << ";backoff_factor=" << o.backoff_factor() << ";growth_interval=" << o.growth_interval()
+      << ";hysteresis=" << o.hysteresis() << ";consecutive=" << o.consecutive_hysteresis()
+      << ";min_scale=" << o.min_scale() << ";max_scale=" << o.max_scale()
+      << ";remaining=" << scaler.hysteresis_remaining();
+  return out.str();
+}
+
 TEST_CASE("A bad state dict throws and leaves the scaler exactly as it was", "[scaler][state]") {
-  // With an extension, so that its state is in the dicts compared below.
-  auto scaler = trained_scaler(GradScalerOptions().init_scale(1024.0).hysteresis(2));
-  const auto before = scaler.state_dict();
+  // With extensions and counters, so that their state is in the comparison; once before lazy
+  // init (state held on the host) and once after (state in tensors).
+  const auto options = GradScalerOptions().init_scale(1024.0).hysteresis(2).track_counters(true);
+  auto trained = trained_scaler(options);
+  auto fresh = cpu_scaler(options);
   auto dict = python_style_dict();
   std::string expected;
   SECTION("missing key") {
@@ -195,11 +212,25 @@ TEST_CASE("A bad state dict throws and leaves the scaler exactly as it was", "[s
   }
   SECTION("non-finite scale") {
     dict.insert_or_assign("scale", std::numeric_limits<double>::infinity());
-    expected = "'scale' must be finite and > 0, got inf";
+    expected = "'scale' must be finite and > 0, within float32's normal range";
   }
   SECTION("non-positive scale") {
     dict.insert_or_assign("scale", 0.0);
-    expected = "'scale' must be finite and > 0, got 0";
+    expected =
+        "'scale' must be finite and > 0, within float32's normal range [1.17549e-38, "
+        "3.40282e+38] since the scale is kept in a float32 tensor. Got scale=0";
+  }
+  SECTION("a scale that overflows float32 (one flipped exponent bit of 65536)") {
+    dict.insert_or_assign("scale", 1e39);
+    expected = "Got scale=1e+39; the checkpoint is damaged";
+  }
+  SECTION("a scale that flushes to zero in float32") {
+    dict.insert_or_assign("scale", 1e-50);
+    expected = "Got scale=1e-50; the checkpoint is damaged";
+  }
+  SECTION("a subnormal float32 scale, whose reciprocal overflows") {
+    dict.insert_or_assign("scale", 1e-40);
+    expected = "Got scale=1e-40; the checkpoint is damaged";
   }
   SECTION("growth_interval below 1") {
     dict.insert_or_assign("growth_interval", int64_t{0});
@@ -209,23 +240,118 @@ TEST_CASE("A bad state dict throws and leaves the scaler exactly as it was", "[s
     dict.insert_or_assign("growth_factor", 0.5);
     expected = "The growth factor must be > 1.0. Got growth_factor=0.5";
   }
+  SECTION("negative growth tracker") {
+    dict.insert_or_assign("_growth_tracker", int64_t{-1});
+    expected = "'_growth_tracker' must be in [0, 2^31-1] (it is kept in an int32 tensor), got -1";
+  }
+  SECTION("growth tracker beyond int32") {
+    dict.insert_or_assign("_growth_tracker", int64_t{1} << 62);
+    expected = "'_growth_tracker' must be in [0, 2^31-1]";
+  }
   SECTION("newer format version") {
     dict.insert("_amp_format_version", int64_t{99});
     expected = "the state dict has format version 99 but this amp reads versions up to 1";
   }
   SECTION("bad extension value") {
     dict.insert("_amp_hysteresis", int64_t{0});
-    expected = "The hysteresis must be >= 1. Got hysteresis=0";
+    expected = "The hysteresis must be >= 1 and <= 2^31-1. Got hysteresis=0";
   }
-  CHECK_THROWS_WITH(scaler.load_state_dict(dict), Contains(expected));
-  const auto after = scaler.state_dict();
-  CHECK(after.at("scale").toDouble() == before.at("scale").toDouble());
-  CHECK(after.at("_growth_tracker").toInt() == before.at("_growth_tracker").toInt());
-  CHECK(after.at("growth_factor").toDouble() == before.at("growth_factor").toDouble());
-  CHECK(after.at("growth_interval").toInt() == before.at("growth_interval").toInt());
-  CHECK(after.at("_amp_hysteresis").toInt() == before.at("_amp_hysteresis").toInt());
-  CHECK(after.at("_amp_hysteresis_remaining").toInt() ==
-        before.at("_amp_hysteresis_remaining").toInt());
+  SECTION("hysteresis beyond int32") {
+    dict.insert("_amp_hysteresis", int64_t{1} << 31);
+    expected = "Got hysteresis=2147483648";
+  }
+  SECTION("hysteresis_remaining above the hysteresis") {
+    dict.insert("_amp_hysteresis", int64_t{3});
+    dict.insert("_amp_hysteresis_remaining", int64_t{4});
+    expected = "'_amp_hysteresis_remaining' must be in [0, 3], got 4";
+  }
+  SECTION("negative hysteresis_remaining") {
+    dict.insert("_amp_hysteresis_remaining", int64_t{-2});
+    expected = "'_amp_hysteresis_remaining' must be in [0, 2], got -2";
+  }
+  SECTION("a scale outside the loaded bounds") {
+    dict.insert("_amp_min_scale", 1.0);
+    dict.insert("_amp_max_scale", 64.0);
+    expected =
+        "'scale' must lie in [min_scale, max_scale]. Got scale=128 with min_scale=1 and "
+        "max_scale=64; the checkpoint was saved with other bounds or is damaged.";
+  }
+  SECTION("negative counters") {
+    dict.insert("_amp_steps_taken", int64_t{-5});
+    dict.insert("_amp_steps_skipped", int64_t{0});
+    dict.insert("_amp_consecutive_skips", int64_t{0});
+    expected =
+        "the counters must be >= 0 with consecutive skips <= skipped steps, got "
+        "steps_taken=-5";
+  }
+  SECTION("more consecutive skips than skipped steps") {
+    dict.insert("_amp_steps_taken", int64_t{5});
+    dict.insert("_amp_steps_skipped", int64_t{2});
+    dict.insert("_amp_consecutive_skips", int64_t{3});
+    expected = "steps_skipped=2, consecutive_skips=3";
+  }
+  for (GradScaler* scaler : {&trained, &fresh}) {
+    const std::string before = observable_state(*scaler);
+    CHECK_THROWS_WITH(scaler->load_state_dict(dict), Contains(expected));
+    CHECK(observable_state(*scaler) == before);
+  }
+}
+
+TEST_CASE("A loaded state at the edges of its ranges is accepted and reads back",
+          "[scaler][state]") {
+  auto scaler = trained_scaler(GradScalerOptions().init_scale(1024.0).hysteresis(3));
+  auto dict = python_style_dict();
+  // float32's largest value and its smallest normal one survive the float32 scale tensor.
+  for (double scale : {static_cast<double>(std::numeric_limits<float>::max()),
+                       static_cast<double>(std::numeric_limits<float>::min())}) {
+    dict.insert_or_assign("scale", scale);
+    REQUIRE_NOTHROW(scaler.load_state_dict(dict));
+    CHECK(scaler.get_scale() == scale);
+  }
+  // A tracker at or above growth_interval is a state Python and amp reach after
+  // set_growth_interval lowers the interval, and save: it loads.
+  dict.insert_or_assign("_growth_tracker", int64_t{7});
+  dict.insert_or_assign("_amp_hysteresis_remaining", int64_t{0});
+  REQUIRE_NOTHROW(scaler.load_state_dict(dict));
+  CHECK(scaler.get_growth_tracker() == 7);
+  CHECK(scaler.hysteresis_remaining() == 0);
+  CHECK(scaler.options().hysteresis() == 3);
+}
+
+TEST_CASE("Scales that float32 cannot hold are refused by the constructor and update",
+          "[scaler][state]") {
+  for (double bad : {1e39, 1e-50, 1e-320, 1e-40}) {
+    CHECK_THROWS_WITH(cpu_scaler(GradScalerOptions().init_scale(bad)),
+                      Contains("The initial scale must be finite and > 0, within float32's "
+                               "normal range"));
+  }
+  auto scaler = trained_scaler();
+  const double before = scaler.get_scale();
+  CHECK_THROWS_WITH(scaler.update(1e-320), Contains("new_scale must be finite and > 0, within "
+                                                    "float32's normal range"));
+  CHECK_THROWS_WITH(scaler.update(1e39), Contains("Got new_scale=1e+39; pass a positive scale"));
+  CHECK(scaler.get_scale() == before);
+}
+
+TEST_CASE("update(tensor) refuses what update(double) refuses, and other dtypes",
+          "[scaler][state]") {
+  auto scaler = trained_scaler();
+  const double before = scaler.get_scale();
+  for (double bad : {std::numeric_limits<double>::quiet_NaN(),
+                     std::numeric_limits<double>::infinity(), 0.0, -4.0, 1e-320}) {
+    CHECK_THROWS_WITH(scaler.update(torch::full({}, bad, torch::kDouble)),
+                      Contains("new_scale must be finite and > 0"));
+  }
+  CHECK_THROWS_WITH(scaler.update(torch::full({1}, 1e39, torch::kDouble)),
+                    Contains("Got new_scale=1e+39; pass a positive scale"));
+  CHECK_THROWS_WITH(scaler.update(torch::full({1}, 8, torch::kInt)),
+                    Contains("Got a tensor of dtype Int; pass a floating-point tensor."));
+  CHECK(scaler.get_scale() == before);
+  // A valid scale in float64 or bf16 is stored as float32, as Python's copy_ does.
+  scaler.update(torch::full({1}, 512.0, torch::kDouble));
+  CHECK(scaler.get_scale() == 512.0);
+  scaler.update(torch::full({}, 4.0, torch::kBFloat16));
+  CHECK(scaler.get_scale() == 4.0);
 }
 
 TEST_CASE("A disabled scaler ignores load_state_dict, as in Python", "[scaler][state]") {
@@ -389,4 +515,33 @@ TEST_CASE("A state dict file saved by Python's torch.save loads in C++",
   scaler.update();
   CHECK(scaler.get_scale() == 256.0);
   std::filesystem::remove(path);
+}
+
+TEST_CASE("After loading any valid state, a scaler saves a state it loads again",
+          "[scaler][state]") {
+  // Scalers with and without hysteresis, before and after lazy init, each loading states saved
+  // by scalers with other extensions (and Python's five keys alone): what they then save must
+  // be a state they accept, with the hysteresis allowance within the hysteresis in use.
+  const std::vector<GradScalerOptions> kinds = {
+      GradScalerOptions().init_scale(64.0), GradScalerOptions().init_scale(64.0).hysteresis(3),
+      GradScalerOptions().init_scale(64.0).min_scale(1.0),
+      GradScalerOptions().init_scale(64.0).hysteresis(2).track_counters(true)};
+  std::vector<c10::Dict<std::string, c10::IValue>> sources = {python_style_dict()};
+  for (const auto& kind : kinds) sources.push_back(trained_scaler(kind).state_dict());
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    for (size_t s = 0; s < sources.size(); ++s) {
+      for (bool initialized : {false, true}) {
+        auto scaler = initialized ? trained_scaler(kinds[k]) : cpu_scaler(kinds[k]);
+        INFO("scaler kind " << k << ", source " << s << ", initialized " << initialized);
+        REQUIRE_NOTHROW(scaler.load_state_dict(sources[s]));
+        CHECK(scaler.hysteresis_remaining() >= 0);
+        CHECK(scaler.hysteresis_remaining() <= scaler.options().hysteresis());
+        const auto saved = scaler.state_dict();
+        CHECK_NOTHROW(scaler.load_state_dict(saved));
+        auto twin = cpu_scaler(kinds[k]);
+        CHECK_NOTHROW(twin.load_state_dict(saved));
+        CHECK(observable_state(twin) == observable_state(scaler));
+      }
+    }
+  }
 }

@@ -2,9 +2,11 @@
 // extensions.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -134,6 +136,36 @@ struct AMP_EXPORT GradScalerCounters {
   int64_t consecutive_skips = 0;
 };
 
+namespace detail {
+/// Notices a GradScaler entered by two threads at once and refuses the second one with an error,
+/// where the unsynchronised accesses would otherwise corrupt its state. A thread may re-enter
+/// (a method calling another). Copying or moving gives a fresh, unused detector.
+class AMP_EXPORT ConcurrentUseDetector {
+ public:
+  ConcurrentUseDetector() = default;
+  ConcurrentUseDetector(const ConcurrentUseDetector&) noexcept {}
+  ConcurrentUseDetector& operator=(const ConcurrentUseDetector&) noexcept { return *this; }
+
+  /// Marks the calling thread as inside `method` until destroyed. Throws c10::Error naming both
+  /// methods when another thread is inside.
+  class AMP_EXPORT Scope {
+   public:
+    Scope(ConcurrentUseDetector& detector, const char* method);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    ConcurrentUseDetector& detector_;
+    bool owner_ = false;
+  };
+
+ private:
+  std::atomic<std::thread::id> owner_{};
+  std::atomic<const char*> method_{nullptr};
+};
+}  // namespace detail
+
 /// Dynamic loss scaling for mixed-precision training, with the semantics of Python's
 /// torch.amp.GradScaler (same state machine, same errors, same update rule, same state_dict).
 ///
@@ -145,6 +177,11 @@ struct AMP_EXPORT GradScalerCounters {
 /// (amp::optim::FusedAdam/FusedAdamW/FusedSGD, or any amp::optim::SupportsAmpScaling): that one
 /// gets the scale and the flag as device tensors and decides on the device, so a whole step
 /// (scale, backward, step, update) runs without a host sync.
+///
+/// Threads: a GradScaler is not thread-safe. Calls from different threads must not overlap (one
+/// scaler per training thread, or one mutex around every call, const ones included). A call that
+/// starts while another thread is inside a method of the same scaler throws c10::Error naming
+/// both methods, instead of corrupting the scaler; the scaler is unchanged by the refused call.
 class AMP_EXPORT GradScaler {
  public:
   /// A scaler for device type `device` ("cuda" by default, as in Python). A CUDA scaler created
@@ -220,10 +257,12 @@ class AMP_EXPORT GradScaler {
   /// (on the device, no sync) and resets the per-optimizer state for the next iteration.
   void update();
   /// Sets the scale to `new_scale` (the growth tracker is unchanged) and resets the per-optimizer
-  /// state.
+  /// state. Throws, changing nothing, unless `new_scale` is finite, > 0 and storable as a normal
+  /// float32 value (the scale tensor's dtype).
   void update(double new_scale);
-  /// Copies the scale from a 1-element tensor on the scaler's device type that does not require
-  /// grad; anything else throws Python's message.
+  /// Copies the scale from a 1-element floating-point tensor on the scaler's device type that
+  /// does not require grad (else Python's message). Its value is read to be checked as
+  /// update(double) checks it: one host sync for a device tensor (Python copies without looking).
   void update(const at::Tensor& new_scale);
 
   /// The current scale (a sync); init_scale before the first scale(); 1.0 when disabled.
@@ -290,9 +329,11 @@ class AMP_EXPORT GradScaler {
   /// where floats are stored, as Python writes them (`GradScaler(init_scale=1024)` saves an int
   /// scale before its first scale()). The loaded values become the options in use (init_scale =
   /// the loaded scale); `_amp_*` keys that are absent keep this scaler's extension options. All
-  /// or nothing: an empty dict, a missing key, a wrong type, a non-finite or non-positive scale,
-  /// an invalid factor or interval, or a newer format version throws and leaves the scaler
-  /// unchanged.
+  /// or nothing: every value is checked before any is written, and an empty dict, a missing key,
+  /// a wrong type, a scale that is not a finite positive normal float32 value or lies outside
+  /// [min_scale, max_scale], an invalid factor or interval, a tracker outside [0, 2^31), a
+  /// hysteresis allowance outside [0, hysteresis], negative counters or more consecutive skips
+  /// than skipped steps, or a newer format version throws and leaves the scaler unchanged.
   void load_state_dict(const c10::Dict<std::string, c10::IValue>& state_dict);
   /// Same, for a generic dict as returned by torch::pickle_load (keys must be strings).
   void load_state_dict(const c10::impl::GenericDict& state_dict);
@@ -355,6 +396,8 @@ class AMP_EXPORT GradScaler {
   at::Tensor counters_;              // int64 [taken, skipped, consecutive], only with counters
   // Keyed by optimizer identity, as Python keys by id(optimizer).
   std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_states_;
+  // Every public method that reads or writes the state above holds a scope of it.
+  mutable detail::ConcurrentUseDetector use_;
 };
 
 /// Writes `scaler` into `archive` with GradScaler::save, so that `torch::save(scaler, path)`

@@ -38,6 +38,31 @@ class PerDeviceCopies {
 
 }  // namespace
 
+namespace detail {
+
+ConcurrentUseDetector::Scope::Scope(ConcurrentUseDetector& detector, const char* method)
+    : detector_(detector) {
+  const std::thread::id self = std::this_thread::get_id();
+  std::thread::id holder;  // no thread
+  if (detector.owner_.compare_exchange_strong(holder, self, std::memory_order_acq_rel)) {
+    owner_ = true;
+    detector.method_.store(method, std::memory_order_relaxed);
+    return;
+  }
+  if (holder == self) return;  // re-entered by the thread inside (a method calling another)
+  const char* other = detector.method_.load(std::memory_order_relaxed);
+  TORCH_CHECK(false, "GradScaler::", method, " was called while another thread is inside ",
+              "GradScaler::", other ? other : "a method",
+              " of the same scaler. A GradScaler is not thread-safe: call it from one thread at a "
+              "time (one scaler per training thread, or one mutex around every call).");
+}
+
+ConcurrentUseDetector::Scope::~Scope() {
+  if (owner_) detector_.owner_.store(std::thread::id(), std::memory_order_release);
+}
+
+}  // namespace detail
+
 GradScaler::GradScaler(GradScalerOptions options)
     : GradScaler(c10::DeviceType::CUDA, std::move(options)) {}
 
@@ -58,8 +83,11 @@ GradScaler::GradScaler(c10::DeviceType device, GradScalerOptions options)
   detail::check_growth_factor(options_.growth_factor());
   detail::check_backoff_factor(options_.backoff_factor());
   detail::check_growth_interval(options_.growth_interval());
-  detail::check_extension_options(options_.hysteresis(), options_.min_scale(), options_.max_scale(),
-                                  options_.init_scale());
+  detail::check_extension_options(options_.hysteresis(), options_.min_scale(),
+                                  options_.max_scale());
+  detail::check_scale_in_bounds(options_.init_scale(), options_.min_scale(), options_.max_scale(),
+                                "The initial scale", "init_scale",
+                                "choose an init_scale inside the bounds.");
 }
 
 bool GradScaler::uses_extensions() const {
@@ -95,6 +123,7 @@ void GradScaler::check_initialized(const char* funcname) const {
 }
 
 at::Tensor GradScaler::scale(const at::Tensor& outputs) {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "scale");
   if (!options_.enabled()) return outputs;
   TORCH_CHECK(outputs.defined(),
               "outputs must be a Tensor or an iterable of Tensors. GradScaler::scale got an "
@@ -104,6 +133,7 @@ at::Tensor GradScaler::scale(const at::Tensor& outputs) {
 }
 
 std::vector<at::Tensor> GradScaler::scale(const std::vector<at::Tensor>& outputs) {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "scale");
   if (!options_.enabled()) return outputs;
   std::vector<at::Tensor> scaled;
   scaled.reserve(outputs.size());
@@ -187,6 +217,7 @@ at::Tensor GradScaler::inv_scale() const {
 
 at::Tensor GradScaler::unscale_and_clip_(torch::optim::Optimizer& optimizer, double max_norm,
                                          double eps) {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "unscale_and_clip_");
   TORCH_CHECK(std::isfinite(max_norm) && max_norm > 0.0,
               "GradScaler::unscale_and_clip_: max_norm must be finite and > 0. Got max_norm=",
               max_norm, "; pass the largest gradient norm to allow, e.g. 1.0.");
@@ -229,6 +260,7 @@ at::Tensor GradScaler::unscale_and_clip_(torch::optim::Optimizer& optimizer, dou
 }
 
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "unscale_");
   if (!options_.enabled()) return;
   OptimizerState& state = begin_unscale(optimizer);
   const at::Tensor found_inf = at::full({}, 0.0, scale_.options());
@@ -238,6 +270,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
 
 std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::check_inf_per_device(
     torch::optim::Optimizer& optimizer) {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "check_inf_per_device");
   TORCH_CHECK(options_.enabled(),
               "GradScaler::check_inf_per_device needs an enabled scaler; this one is disabled.");
   check_initialized("_check_inf_per_device");
@@ -278,6 +311,7 @@ void GradScaler::throw_if_overflow_at_min_scale(const at::Tensor& found) const {
 
 StepResult GradScaler::step(torch::optim::Optimizer& optimizer,
                             torch::optim::Optimizer::LossClosure closure) {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "step");
   if (!options_.enabled()) {
     StepResult result;
     result.loss = optimizer.step(std::move(closure));
@@ -343,6 +377,7 @@ StepResult GradScaler::step_on_device(torch::optim::Optimizer& optimizer, Optimi
 }
 
 void GradScaler::update() {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "update");
   if (!options_.enabled()) return;
   check_initialized("update");
   std::vector<at::Tensor> found_infs;
@@ -370,16 +405,17 @@ void GradScaler::update() {
 }
 
 void GradScaler::update(double new_scale) {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "update");
   if (!options_.enabled()) return;
   check_initialized("update");
-  TORCH_CHECK(std::isfinite(new_scale) && new_scale > 0.0,
-              "GradScaler::update: new_scale must be finite and > 0. Got new_scale=", new_scale,
-              "; pass a positive scale such as 65536.0.");
+  detail::check_scale_value(new_scale, "GradScaler::update: new_scale", "new_scale",
+                            "pass a positive scale such as 65536.0.");
   scale_.fill_(new_scale);
   per_optimizer_states_.clear();
 }
 
 void GradScaler::update(const at::Tensor& new_scale) {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "update");
   if (!options_.enabled()) return;
   check_initialized("update");
   static constexpr const char* kReason =
@@ -391,37 +427,50 @@ void GradScaler::update(const at::Tensor& new_scale) {
   TORCH_CHECK(new_scale.numel() == 1, kReason, " Got a tensor with ", new_scale.numel(),
               " elements.");
   TORCH_CHECK(!new_scale.requires_grad(), kReason, " Got a tensor that requires grad.");
+  // Python copies any dtype and any value; a scale of another dtype or one that is NaN, inf,
+  // <= 0 or not storable in float32 would poison every later step, so it is refused here as
+  // update(double) refuses it. Reading the value is one host sync for a device tensor.
+  TORCH_CHECK(at::isFloatingType(new_scale.scalar_type()), kReason, " Got a tensor of dtype ",
+              new_scale.scalar_type(), "; pass a floating-point tensor.");
+  detail::check_scale_value(new_scale.item<double>(), "GradScaler::update: new_scale", "new_scale",
+                            "pass a positive scale such as 65536.0.");
   // reshape: Python accepts any 1-element shape here and then fails in copy_ for shape [1].
   scale_.copy_(new_scale.reshape({}));
   per_optimizer_states_.clear();
 }
 
 double GradScaler::get_scale() const {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "get_scale");
   if (!options_.enabled()) return 1.0;
   return scale_.defined() ? static_cast<double>(scale_.item<float>()) : options_.init_scale();
 }
 
 int64_t GradScaler::get_growth_tracker() const {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "get_growth_tracker");
   if (!options_.enabled()) return 0;
   return growth_tracker_.defined() ? growth_tracker_.item<int64_t>() : init_growth_tracker_;
 }
 
 void GradScaler::set_growth_factor(double new_factor) {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "set_growth_factor");
   detail::check_growth_factor(new_factor);
   options_.growth_factor(new_factor);
 }
 
 void GradScaler::set_backoff_factor(double new_factor) {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "set_backoff_factor");
   detail::check_backoff_factor(new_factor);
   options_.backoff_factor(new_factor);
 }
 
 void GradScaler::set_growth_interval(int64_t new_interval) {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "set_growth_interval");
   detail::check_growth_interval(new_interval);
   options_.growth_interval(new_interval);
 }
 
 GradScalerCounters GradScaler::counters() const {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "counters");
   TORCH_CHECK(options_.track_counters(),
               "GradScaler::counters: this scaler does not track counters; construct it with "
               "GradScalerOptions().track_counters(true).");
@@ -433,18 +482,21 @@ GradScalerCounters GradScaler::counters() const {
 }
 
 int64_t GradScaler::hysteresis_remaining() const {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "hysteresis_remaining");
   if (!options_.enabled()) return 0;
   if (!hysteresis_remaining_.defined()) return init_hysteresis_remaining_;
   return hysteresis_remaining_.item<int64_t>();
 }
 
 OptimizerStage GradScaler::stage(const torch::optim::Optimizer& optimizer) const {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "stage");
   const auto it = per_optimizer_states_.find(&optimizer);
   return it == per_optimizer_states_.end() ? OptimizerStage::kReady : it->second.stage;
 }
 
 std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::found_inf_per_device(
     const torch::optim::Optimizer& optimizer) const {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "found_inf_per_device");
   const auto it = per_optimizer_states_.find(&optimizer);
   if (it == per_optimizer_states_.end()) return {};
   return it->second.found_inf_per_device;

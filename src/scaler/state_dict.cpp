@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <optional>
 
 #include <ATen/ATen.h>
@@ -23,6 +24,7 @@ namespace {
 constexpr int64_t kFormatVersion = 1;
 constexpr const char* kFormatKey = "_amp_format_version";
 constexpr const char* kArchivePrefix = "grad_scaler.";
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
 using StateDict = c10::Dict<std::string, c10::IValue>;
 
@@ -97,6 +99,7 @@ std::vector<char> python_file_bytes(const c10::IValue& value) {
 }  // namespace
 
 c10::Dict<std::string, c10::IValue> GradScaler::state_dict() const {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "state_dict");
   StateDict dict = empty_state_dict();
   if (!options_.enabled()) return dict;
   // Python's five keys and types.
@@ -123,6 +126,7 @@ c10::Dict<std::string, c10::IValue> GradScaler::state_dict() const {
 }
 
 void GradScaler::load_state_dict(const c10::Dict<std::string, c10::IValue>& state_dict) {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "load_state_dict");
   if (!options_.enabled()) return;
   // Python's wording.
   TORCH_CHECK(!state_dict.empty(),
@@ -137,9 +141,8 @@ void GradScaler::load_state_dict(const c10::Dict<std::string, c10::IValue>& stat
                 "; load it with a newer amp.");
   }
   const double scale = as_float(require(state_dict, "scale"), "scale");
-  TORCH_CHECK(std::isfinite(scale) && scale > 0.0,
-              "GradScaler::load_state_dict: 'scale' must be finite and > 0, got ", scale,
-              "; the checkpoint is damaged or was saved after the scale diverged.");
+  detail::check_scale_value(scale, "GradScaler::load_state_dict: 'scale'", "scale",
+                            "the checkpoint is damaged or was saved after the scale diverged.");
   const double growth_factor = as_float(require(state_dict, "growth_factor"), "growth_factor");
   detail::check_growth_factor(growth_factor);
   const double backoff_factor = as_float(require(state_dict, "backoff_factor"), "backoff_factor");
@@ -147,7 +150,11 @@ void GradScaler::load_state_dict(const c10::Dict<std::string, c10::IValue>& stat
   const int64_t growth_interval = as_int(require(state_dict, "growth_interval"), "growth_interval");
   detail::check_growth_interval(growth_interval);
   const int64_t tracker = as_int(require(state_dict, "_growth_tracker"), "_growth_tracker");
-  TORCH_CHECK(tracker >= 0, "GradScaler::load_state_dict: '_growth_tracker' must be >= 0, got ",
+  // Not bounded by growth_interval: Python and amp reach a larger tracker after
+  // set_growth_interval lowers the interval, and save it.
+  TORCH_CHECK(tracker >= 0 && tracker <= kInt32Max,
+              "GradScaler::load_state_dict: '_growth_tracker' must be in [0, 2^31-1] (it is kept "
+              "in an int32 tensor), got ",
               tracker, "; the checkpoint is damaged.");
 
   // Extension keys are optional (Python's dicts lack them): absent ones keep the current value.
@@ -162,8 +169,10 @@ void GradScaler::load_state_dict(const c10::Dict<std::string, c10::IValue>& stat
   if (auto v = find(state_dict, "_amp_max_scale"))
     options.max_scale(as_float(*v, "_amp_max_scale"));
   // Bounds are checked against the loaded scale so a bounded scaler never starts outside them.
-  detail::check_extension_options(options.hysteresis(), options.min_scale(), options.max_scale(),
-                                  scale);
+  detail::check_extension_options(options.hysteresis(), options.min_scale(), options.max_scale());
+  detail::check_scale_in_bounds(scale, options.min_scale(), options.max_scale(),
+                                "GradScaler::load_state_dict: 'scale'", "scale",
+                                "the checkpoint was saved with other bounds or is damaged.");
   int64_t remaining = options.hysteresis();
   if (auto v = find(state_dict, "_amp_hysteresis_remaining")) {
     remaining = as_int(*v, "_amp_hysteresis_remaining");
@@ -177,6 +186,14 @@ void GradScaler::load_state_dict(const c10::Dict<std::string, c10::IValue>& stat
         as_int(require(state_dict, "_amp_steps_taken"), "_amp_steps_taken"),
         as_int(require(state_dict, "_amp_steps_skipped"), "_amp_steps_skipped"),
         as_int(require(state_dict, "_amp_consecutive_skips"), "_amp_consecutive_skips")};
+    TORCH_CHECK(counters->steps_taken >= 0 && counters->steps_skipped >= 0 &&
+                    counters->consecutive_skips >= 0 &&
+                    counters->consecutive_skips <= counters->steps_skipped,
+                "GradScaler::load_state_dict: the counters must be >= 0 with consecutive skips <= "
+                "skipped steps, got steps_taken=",
+                counters->steps_taken, ", steps_skipped=", counters->steps_skipped,
+                ", consecutive_skips=", counters->consecutive_skips,
+                "; the checkpoint is damaged.");
   }
 
   // Commit. As in Python, the loaded values are also those a lazy init starts from.
@@ -208,6 +225,7 @@ void GradScaler::load_state_dict(const c10::Dict<std::string, c10::IValue>& stat
 }
 
 void GradScaler::load_state_dict(const c10::impl::GenericDict& state_dict) {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "load_state_dict");
   StateDict typed = empty_state_dict();
   for (const auto& entry : state_dict) {
     TORCH_CHECK(entry.key().isString(),
@@ -219,6 +237,7 @@ void GradScaler::load_state_dict(const c10::impl::GenericDict& state_dict) {
 }
 
 void GradScaler::save_state_dict(const std::string& path) const {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "save_state_dict");
   const std::vector<char> bytes = python_file_bytes(c10::IValue(state_dict()));
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   TORCH_CHECK(out.good(), "GradScaler::save_state_dict: cannot open '", path,
@@ -230,6 +249,7 @@ void GradScaler::save_state_dict(const std::string& path) const {
 }
 
 void GradScaler::load_state_dict(const std::string& path) {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "load_state_dict");
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in.good(), "GradScaler::load_state_dict: cannot open '", path,
               "' for reading; check the path.");
@@ -251,6 +271,7 @@ void GradScaler::load_state_dict(const std::string& path) {
 }
 
 void GradScaler::save(torch::serialize::OutputArchive& archive) const {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "save");
   // Saving the scaler itself is Python's pickling of the object, which refuses a half-done
   // iteration: its per-optimizer flags would be lost.
   TORCH_CHECK(!options_.enabled() || per_optimizer_states_.empty(),
@@ -262,6 +283,7 @@ void GradScaler::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void GradScaler::load(torch::serialize::InputArchive& archive) {
+  const detail::ConcurrentUseDetector::Scope in_use(use_, "load");
   // The keys a disabled scaler wrote are none, which load_state_dict reports as Python does.
   StateDict dict = empty_state_dict();
   const std::string prefix = kArchivePrefix;

@@ -1,16 +1,37 @@
-// Range checks of GradScaler's options, worded once for construction, setters and loading.
+// Range checks of GradScaler's options and state, worded once for construction, setters, update
+// and loading.
 #include "scaler/validate.h"
 
 #include <cmath>
+#include <limits>
 
 #include <c10/util/Exception.h>
 
 namespace amp::detail {
 
+namespace {
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+}  // namespace
+
+bool is_storable_scale(double scale) {
+  // A scale outside float32's normal range would become inf, or a subnormal whose reciprocal
+  // (the unscale factor) overflows to inf, once stored in the float32 scale tensor.
+  if (!std::isfinite(scale) || scale <= 0.0) return false;
+  const auto stored = static_cast<float>(scale);
+  return std::isfinite(stored) && stored >= std::numeric_limits<float>::min();
+}
+
+void check_scale_value(double scale, const char* what, const char* name, const char* fix) {
+  TORCH_CHECK(is_storable_scale(scale), what,
+              " must be finite and > 0, within float32's normal "
+              "range [",
+              std::numeric_limits<float>::min(), ", ", std::numeric_limits<float>::max(),
+              "] since the scale is kept in a float32 tensor. Got ", name, "=", scale, "; ", fix);
+}
+
 void check_init_scale(double init_scale) {
-  TORCH_CHECK(std::isfinite(init_scale) && init_scale > 0.0,
-              "The initial scale must be finite and > 0. Got init_scale=", init_scale,
-              "; pass a positive value such as 65536.0 (the default).");
+  check_scale_value(init_scale, "The initial scale", "init_scale",
+                    "pass a positive value such as 65536.0 (the default).");
 }
 
 void check_growth_factor(double growth_factor) {
@@ -41,8 +62,10 @@ void check_cuda_kernels_built(bool built_with_cuda) {
               "model on the CPU.");
 }
 
-void check_extension_options(int64_t hysteresis, double min_scale, double max_scale, double scale) {
-  TORCH_CHECK(hysteresis >= 1, "The hysteresis must be >= 1. Got hysteresis=", hysteresis,
+void check_extension_options(int64_t hysteresis, double min_scale, double max_scale) {
+  // The allowance is counted down in an int32 tensor.
+  TORCH_CHECK(hysteresis >= 1 && hysteresis <= kInt32Max,
+              "The hysteresis must be >= 1 and <= 2^31-1. Got hysteresis=", hysteresis,
               "; pass 1 for torch.amp's behaviour or N to back off only after N overflows.");
   TORCH_CHECK(std::isfinite(min_scale) && min_scale >= 0.0,
               "The minimum scale must be finite and >= 0. Got min_scale=", min_scale,
@@ -52,9 +75,13 @@ void check_extension_options(int64_t hysteresis, double min_scale, double max_sc
   TORCH_CHECK(min_scale <= max_scale,
               "min_scale must not exceed max_scale. Got min_scale=", min_scale,
               " and max_scale=", max_scale, "; swap or widen them.");
-  TORCH_CHECK(scale >= min_scale && scale <= max_scale, "The scale must lie in [min_scale, ",
-              "max_scale]. Got scale=", scale, " with min_scale=", min_scale,
-              " and max_scale=", max_scale, "; choose an init_scale inside the bounds.");
+}
+
+void check_scale_in_bounds(double scale, double min_scale, double max_scale, const char* what,
+                           const char* name, const char* fix) {
+  TORCH_CHECK(scale >= min_scale && scale <= max_scale, what, " must lie in [min_scale, ",
+              "max_scale]. Got ", name, "=", scale, " with min_scale=", min_scale,
+              " and max_scale=", max_scale, "; ", fix);
 }
 
 }  // namespace amp::detail

@@ -1,4 +1,5 @@
-// Checks shared by GradScaler's constructor, setters and load_state_dict (one wording for each).
+// Checks shared by GradScaler's constructor, setters, update and load_state_dict (one wording for
+// each).
 #pragma once
 
 #include <cstdint>
@@ -7,7 +8,14 @@
 
 namespace amp::detail {
 
+/// Whether `scale` survives being stored in the float32 scale tensor: finite, > 0, and neither
+/// overflowing to inf nor falling below float32's smallest normal value.
+bool is_storable_scale(double scale);
+
 /// Each throws c10::Error with a sentence naming the value and the fix when it is out of range.
+/// check_scale_value: `what` starts the sentence ("The initial scale"), `name` is the argument or
+/// key ("init_scale"), `fix` ends the sentence.
+void check_scale_value(double scale, const char* what, const char* name, const char* fix);
 void check_init_scale(double init_scale);
 void check_growth_factor(double growth_factor);
 void check_backoff_factor(double backoff_factor);
@@ -15,8 +23,10 @@ void check_growth_interval(int64_t growth_interval);
 /// For a CUDA scaler on a machine with CUDA: refuses an amp built without its CUDA kernels, whose
 /// ops would otherwise fail at the first unscale_.
 void check_cuda_kernels_built(bool built_with_cuda);
-/// Checks the extension options (hysteresis, min_scale, max_scale) against each other and
-/// against `scale`.
-void check_extension_options(int64_t hysteresis, double min_scale, double max_scale, double scale);
+/// Checks the extension options (hysteresis, min_scale, max_scale) and their order.
+void check_extension_options(int64_t hysteresis, double min_scale, double max_scale);
+/// Checks that `scale` lies within [min_scale, max_scale].
+void check_scale_in_bounds(double scale, double min_scale, double max_scale, const char* what,
+                           const char* name, const char* fix);
 
 }  // namespace amp::detail
