@@ -78,13 +78,15 @@ void write_settings(torch::serialize::OutputArchive& archive,
 CheckpointReader::CheckpointReader(std::filesystem::path path, c10::Device device,
                                    std::string program)
     : path_(std::move(path)), program_(std::move(program)) {
+  // LibTorch's reader reports damage with c10::Error, but also with std::out_of_range, parser
+  // errors and std::bad_alloc: every one of them means the same to the user.
   try {
     archive_.load_from(path_.string(), device);
-  } catch (const c10::Error& error) {
+  } catch (const std::exception& error) {
     throw SetupError(
         fmt::format("cannot read the checkpoint '{}' (damaged, truncated or not a "
                     "checkpoint): {}",
-                    path_.string(), error.what_without_backtrace()));
+                    path_.string(), message_of(error)));
   }
 }
 
@@ -121,17 +123,34 @@ c10::IValue CheckpointReader::entry(const std::string& key) {
 
 void CheckpointReader::read_section(
     const std::string& key, const std::function<void(torch::serialize::InputArchive&)>& load) {
-  torch::serialize::InputArchive section;
-  archive_.read(key, section);
-  load(section);
+  guarded(key, [&] {
+    torch::serialize::InputArchive section;
+    archive_.read(key, section);
+    load(section);
+  });
 }
 
 void CheckpointReader::read_generator(const std::string& key, at::Generator& generator) {
-  torch::Tensor state;
-  archive_.read(key, state, /*is_buffer=*/true);
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  // load_from moved every tensor to the run's device; a CPU generator's state lives on the CPU.
-  generator.set_state(state.to(torch::kCPU));
+  guarded(key, [&] {
+    torch::Tensor state;
+    archive_.read(key, state, /*is_buffer=*/true);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    // load_from moved every tensor to the run's device; a CPU generator's state lives on the CPU.
+    generator.set_state(state.to(torch::kCPU));
+  });
+}
+
+void CheckpointReader::guarded(const std::string& key, const std::function<void()>& read) {
+  try {
+    read();
+  } catch (const SetupError&) {
+    throw;
+  } catch (const std::exception& error) {
+    throw SetupError(fmt::format(
+        "cannot read '{}' from the checkpoint '{}' (damaged, or not written by {} --checkpoint): "
+        "{}",
+        key, path_.string(), program_, message_of(error)));
+  }
 }
 
 }  // namespace amp_examples

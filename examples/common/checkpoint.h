@@ -93,7 +93,9 @@ class CheckpointReader {
   /// The entry `key`. Errors: SetupError when there is none.
   c10::IValue entry(const std::string& key);
 
-  /// Reads the sub-archive `key` (written by write_section) and passes it to `load`.
+  /// Reads the sub-archive `key` (written by write_section) and passes it to `load`. Any error
+  /// reading it or inside `load` (c10::Error, std::exception) becomes a SetupError naming the
+  /// entry and the file.
   void read_section(const std::string& key,
                     const std::function<void(torch::serialize::InputArchive&)>& load);
 
@@ -101,6 +103,9 @@ class CheckpointReader {
   void read_generator(const std::string& key, at::Generator& generator);
 
  private:
+  // Runs `read`, turning any error but a SetupError into one naming `key` and the file.
+  void guarded(const std::string& key, const std::function<void()>& read);
+
   std::filesystem::path path_;
   std::string program_;
   torch::serialize::InputArchive archive_;

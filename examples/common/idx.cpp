@@ -102,45 +102,131 @@ IdxArray parse_idx(std::span<const std::uint8_t> bytes, std::uint32_t expected_m
   return array;
 }
 
-std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    throw DataError(fmt::format("{}: no such file", path.string()));
-  }
-  // gzread passes a file that is not gzip-compressed through unchanged, so one path serves both.
-  GzFilePtr file(gzopen(path.c_str(), "rb"));
-  if (!file) {
-    throw DataError(fmt::format("{}: cannot open the file for reading", path.string()));
-  }
-  constexpr unsigned kChunkBytes = 1u << 20;
-  gzbuffer(file.get(), kChunkBytes);
-  std::vector<std::uint8_t> bytes;
-  for (;;) {
-    const std::size_t old_size = bytes.size();
-    bytes.resize(old_size + kChunkBytes);
-    const int got = gzread(file.get(), bytes.data() + old_size, kChunkBytes);
-    if (got < 0) {
-      int code = Z_OK;
-      const char* message = gzerror(file.get(), &code);
-      throw DataError(
-          fmt::format("{}: cannot read or decompress the file: {}", path.string(),
-                      code == Z_ERRNO ? std::strerror(errno) : without_path_prefix(message, path)));
+namespace {
+
+// A file opened for reading through zlib, which passes a file that is not gzip-compressed through
+// unchanged, so one path serves both. Only regular files are opened: a folder or a FIFO would
+// otherwise be reported as missing, or block.
+class DataFile {
+ public:
+  explicit DataFile(const std::filesystem::path& path) : path_(path) {
+    std::error_code ec;
+    const auto status = std::filesystem::status(path, ec);
+    if (!std::filesystem::exists(status)) {
+      throw DataError(fmt::format("{}: no such file", path.string()));
     }
-    bytes.resize(old_size + static_cast<std::size_t>(got));
-    if (got == 0) break;
+    if (std::filesystem::is_directory(status)) {
+      throw DataError(fmt::format("{}: is a folder, not a data file", path.string()));
+    }
+    if (!std::filesystem::is_regular_file(status)) {
+      throw DataError(fmt::format(
+          "{}: is not a regular file (a FIFO, socket or device); name a data file", path.string()));
+    }
+    file_.reset(gzopen(path.c_str(), "rb"));
+    if (!file_) {
+      throw DataError(fmt::format("{}: cannot open the file for reading", path.string()));
+    }
+    gzbuffer(file_.get(), kChunkBytes);
   }
+
+  // Appends up to `count` more (decompressed) bytes to `bytes`, growing it by what arrives rather
+  // than by `count`, so a size promised by a header costs memory only once the data is there.
+  // Returns how many were appended (fewer at the end of the file).
+  std::uint64_t read(std::vector<std::uint8_t>& bytes, std::uint64_t count) {
+    std::uint64_t appended = 0;
+    while (appended < count) {
+      const auto want =
+          static_cast<unsigned>(std::min<std::uint64_t>(count - appended, kChunkBytes));
+      const std::size_t old_size = bytes.size();
+      bytes.resize(old_size + want);
+      const int got = gzread(file_.get(), bytes.data() + old_size, want);
+      if (got < 0) {
+        int code = Z_OK;
+        const char* message = gzerror(file_.get(), &code);
+        throw DataError(fmt::format(
+            "{}: cannot read or decompress the file: {}", path_.string(),
+            code == Z_ERRNO ? std::strerror(errno) : without_path_prefix(message, path_)));
+      }
+      bytes.resize(old_size + static_cast<std::size_t>(got));
+      appended += static_cast<std::uint64_t>(got);
+      if (got == 0) break;
+    }
+    return appended;
+  }
+
   // A gzip stream cut short still yields the bytes before the cut; zlib only flags it here.
-  int code = Z_OK;
-  const char* message = gzerror(file.get(), &code);
-  if (code != Z_OK && code != Z_STREAM_END) {
-    throw DataError(
-        fmt::format("{}: the gzip stream is corrupt or truncated: {}", path.string(), message));
+  void check_stream() const {
+    int code = Z_OK;
+    const char* message = gzerror(file_.get(), &code);
+    if (code != Z_OK && code != Z_STREAM_END) {
+      throw DataError(
+          fmt::format("{}: the gzip stream is corrupt or truncated: {}", path_.string(), message));
+    }
   }
+
+ private:
+  static constexpr unsigned kChunkBytes = 1u << 20;
+  std::filesystem::path path_;
+  GzFilePtr file_;
+};
+
+std::string byte_count(std::uint64_t bytes) {
+  return bytes >= (std::uint64_t{1} << 30) ? fmt::format("{} GiB", bytes >> 30)
+                                           : fmt::format("{} bytes", bytes);
+}
+
+}  // namespace
+
+std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& path,
+                                          std::uint64_t max_bytes) {
+  DataFile file(path);
+  std::vector<std::uint8_t> bytes;
+  if (file.read(bytes, max_bytes) == max_bytes && file.read(bytes, 1) != 0) {
+    throw DataError(fmt::format(
+        "{}: the file holds (or decompresses to) more than {}, the most this reader accepts; "
+        "it is corrupt or not a data file",
+        path.string(), byte_count(max_bytes)));
+  }
+  file.check_stream();
   return bytes;
 }
 
 IdxArray read_idx(const std::filesystem::path& path, std::uint32_t expected_magic) {
-  const std::vector<std::uint8_t> bytes = read_file_bytes(path);
+  // The header says how many bytes follow; nothing beyond them is decompressed, so a small
+  // gzip file that inflates to gigabytes costs no more than the header admits.
+  DataFile file(path);
+  const std::uint64_t header_bytes = 4 + 4 * std::uint64_t{expected_magic & 0xffu};
+  std::vector<std::uint8_t> bytes;
+  file.read(bytes, header_bytes);
+  if (bytes.size() < header_bytes || read_big_endian_u32(bytes, 0) != expected_magic) {
+    file.check_stream();
+    return parse_idx(bytes, expected_magic, path.string());  // throws, naming what is wrong
+  }
+  // Three 32-bit sizes can multiply past 64 bits; a zero size makes the product 0 regardless.
+  std::uint64_t values = 1;
+  bool overflow = false;
+  bool empty = false;
+  for (std::uint64_t offset = 4; offset < header_bytes; offset += 4) {
+    const std::uint32_t dim = read_big_endian_u32(bytes, offset);
+    empty |= dim == 0;
+    overflow |= __builtin_mul_overflow(values, dim, &values);
+  }
+  if (empty) values = 0;
+  if (!empty && (overflow || values > kMaxIdxBytes - header_bytes)) {
+    throw DataError(fmt::format(
+        "{}: the header promises {} values, more than the {} this reader accepts; the file is "
+        "corrupt or not an MNIST-format file",
+        path.string(), overflow ? std::string("more than 2^64") : std::to_string(values),
+        byte_count(kMaxIdxBytes)));
+  }
+  file.read(bytes, values);
+  if (bytes.size() == header_bytes + values && file.read(bytes, 1) != 0) {
+    throw DataError(fmt::format(
+        "{}: more data than the {} values the header describes; the file is corrupt or not an "
+        "IDX file",
+        path.string(), values));
+  }
+  file.check_stream();
   return parse_idx(bytes, expected_magic, path.string());
 }
 

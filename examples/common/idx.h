@@ -38,17 +38,26 @@ struct IdxArray {
 IdxArray parse_idx(std::span<const std::uint8_t> bytes, std::uint32_t expected_magic,
                    std::string_view source);
 
+/// The largest (decompressed) IDX file the readers accept: 2 GiB, ~40 times Fashion-MNIST's
+/// training images, so that a damaged header or a gzip bomb fails with a message rather than
+/// exhausting memory.
+inline constexpr std::uint64_t kMaxIdxBytes = std::uint64_t{2} << 30;
+
 /// Reads a whole file into memory, decompressing it when it is gzip-compressed (decided by its
 /// content, not its name).
-/// Args: path: the file.
+/// Args: path: the file; max_bytes: the most (decompressed) bytes to accept.
 /// Returns: the (decompressed) bytes.
-/// Errors: DataError when the file is missing, unreadable, or a corrupt or truncated gzip stream.
-std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& path);
+/// Errors: DataError when the file is missing, a folder, not a regular file (a FIFO...),
+///   unreadable, a corrupt or truncated gzip stream, or longer than max_bytes.
+std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& path,
+                                          std::uint64_t max_bytes = kMaxIdxBytes);
 
-/// Reads and parses an IDX file (raw or gzip-compressed).
+/// Reads and parses an IDX file (raw or gzip-compressed), decompressing no more than its header
+/// describes (at most kMaxIdxBytes).
 /// Args: path: the file; expected_magic: as for parse_idx.
 /// Returns: the dimensions and values.
-/// Errors: DataError as for read_file_bytes and parse_idx, naming the file.
+/// Errors: DataError as for read_file_bytes and parse_idx, naming the file; also when the header
+///   promises more than kMaxIdxBytes or the data goes on past what it promises.
 IdxArray read_idx(const std::filesystem::path& path, std::uint32_t expected_magic);
 
 /// Finds an IDX file in a folder by its base name: `<dir>/<stem>` (raw) if it exists, else

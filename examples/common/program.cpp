@@ -5,10 +5,21 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <new>
 
 #include "idx.h"
 
 namespace amp_examples {
+
+std::string message_of(const std::exception& error) {
+  if (const auto* torch_error = dynamic_cast<const c10::Error*>(&error)) {
+    return torch_error->what_without_backtrace();
+  }
+  if (dynamic_cast<const std::bad_alloc*>(&error) != nullptr) {
+    return "out of memory (std::bad_alloc)";
+  }
+  return error.what();
+}
 
 int run_program(const CommandLine& cli, int argc, const char* const argv[],
                 const std::function<void()>& check, const std::function<void()>& run) {
@@ -35,8 +46,10 @@ int run_program(const CommandLine& cli, int argc, const char* const argv[],
   } catch (const SetupError& error) {
     fmt::print(stderr, "{}: error: {}\n", program, error.what());
     return 1;
-  } catch (const c10::Error& error) {
-    fmt::print(stderr, "{}: error: {}\n", program, error.what_without_backtrace());
+  } catch (const std::exception& error) {
+    // LibTorch's errors, and anything else (std::bad_alloc from a damaged input included): a
+    // message and exit code 1 rather than std::terminate.
+    fmt::print(stderr, "{}: error: {}\n", program, message_of(error));
     return 1;
   }
   return 0;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -189,6 +190,42 @@ TEST_CASE("A file that is not a checkpoint is refused when it is opened", "[exam
   CHECK_THROWS_WITH(CheckpointReader(path, torch::kCPU, "prog"),
                     StartsWith("cannot read the checkpoint '" + path.string() +
                                "' (damaged, truncated or not a checkpoint): "));
+}
+
+TEST_CASE("A section that cannot be loaded is a SetupError naming the entry and the file",
+          "[examples]") {
+  TempDir dir("checkpoint_tests");
+  const fs::path path = dir.path() / "run.pt";
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(7);
+  save_example(path, 1, generator);
+  CheckpointReader reader(path, torch::kCPU, "prog");
+  const std::string expected = "cannot read 'model' from the checkpoint '" + path.string() +
+                               "' (damaged, or not written by prog --checkpoint): ";
+  // A LibTorch error inside the load (here: a missing tensor), without its C++ backtrace.
+  CHECK_THROWS_WITH(reader.read_section("model",
+                                        [](torch::serialize::InputArchive& section) {
+                                          torch::Tensor bias;
+                                          section.read("bias", bias);
+                                        }),
+                    StartsWith(expected) && !Catch::Matchers::Contains("frame #"));
+  // Exceptions that are not c10::Error (LibTorch's reader also throws std::out_of_range and
+  // std::bad_alloc on damaged files) are reported the same way.
+  CHECK_THROWS_WITH(
+      reader.read_section("model",
+                          [](torch::serialize::InputArchive&) { throw std::out_of_range("idx"); }),
+      Catch::Matchers::Equals(expected + "idx"));
+  CHECK_THROWS_WITH(
+      reader.read_section("model", [](torch::serialize::InputArchive&) { throw std::bad_alloc(); }),
+      Catch::Matchers::Equals(expected + "out of memory (std::bad_alloc)"));
+  // A SetupError from the load passes through unchanged.
+  CHECK_THROWS_WITH(reader.read_section("model",
+                                        [](torch::serialize::InputArchive&) {
+                                          throw SetupError("the model has other layers");
+                                        }),
+                    Catch::Matchers::Equals("the model has other layers"));
+  // A generator entry that is missing is reported through the same path.
+  CHECK_THROWS_WITH(reader.read_generator("no-such-generator", generator),
+                    StartsWith("cannot read 'no-such-generator' from the checkpoint '"));
 }
 
 TEST_CASE("The --checkpoint and --resume options: registered, checked together, the file required",

@@ -1,6 +1,8 @@
 // The examples' IDX reader: header parsing, size checks, gzip and raw files, MNIST file pairing.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <string>
 
@@ -128,7 +130,7 @@ TEST_CASE("Missing, unreadable-as-gzip and truncated gzip files are errors namin
   CHECK_THROWS_WITH(amp_examples::read_file_bytes(dir.path() / "absent"),
                     Contains((dir.path() / "absent").string() + ": no such file"));
   CHECK_THROWS_WITH(amp_examples::read_file_bytes(dir.path()),
-                    Contains(dir.path().string() + ": no such file"));
+                    Contains(dir.path().string() + ": is a folder, not a data file"));
 
   const fs::path gz = dir.path() / "cut.gz";
   amp_test::write_gzip(gz, iota_bytes(100000));
@@ -186,4 +188,53 @@ TEST_CASE("load_mnist pairs images with labels and checks counts and label range
     CHECK_THROWS_WITH(amp_examples::load_mnist(dir.path(), amp_examples::MnistSplit::kTest),
                       Contains("t10k-images-idx3-ubyte: the file holds no images"));
   }
+}
+
+TEST_CASE("A FIFO in place of a data file is refused without blocking", "[examples]") {
+  TempDir dir("idx_tests");
+  const fs::path fifo = dir.path() / "train-labels-idx1-ubyte";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(amp_examples::read_idx(fifo, kIdxLabelsMagic),
+                    Contains(fifo.string() + ": is not a regular file (a FIFO, socket or device)"));
+}
+
+TEST_CASE("A gzip bomb is read only as far as its header's sizes go", "[examples]") {
+  // 10 labels, then 32 MiB of zeros: a ~32 KiB file that inflates a thousandfold.
+  TempDir dir("idx_tests");
+  Bytes file = encode_idx(kIdxLabelsMagic, {10}, iota_bytes(10));
+  file.resize(file.size() + (std::size_t{32} << 20), 0);
+  const fs::path bomb = dir.path() / "bomb.gz";
+  amp_test::write_gzip(bomb, file);
+  REQUIRE(fs::file_size(bomb) < (std::size_t{1} << 20));
+  CHECK_THROWS_WITH(amp_examples::read_idx(bomb, kIdxLabelsMagic),
+                    Contains(bomb.string() + ": more data than the 10 values the header "
+                                             "describes; the file is corrupt or not an IDX file"));
+  // Reading it whole stops at the limit given.
+  CHECK_THROWS_WITH(amp_examples::read_file_bytes(bomb, 1000),
+                    Contains(bomb.string() + ": the file holds (or decompresses to) more than "
+                                             "1000 bytes, the most this reader accepts"));
+}
+
+TEST_CASE("A header promising more than the reader accepts is refused before reading on",
+          "[examples]") {
+  TempDir dir("idx_tests");
+  const fs::path huge = dir.path() / "huge.gz";
+  amp_test::write_gzip(huge, encode_idx(kIdxImagesMagic, {100000, 1000, 1000}, iota_bytes(64)));
+  CHECK_THROWS_WITH(amp_examples::read_idx(huge, kIdxImagesMagic),
+                    Contains(huge.string() + ": the header promises 100000000000 values, more "
+                                             "than the 2 GiB this reader accepts"));
+  const fs::path wrapped = dir.path() / "wrapped";
+  amp_test::write_raw(wrapped,
+                      encode_idx(kIdxImagesMagic, {0xffffffffu, 0xffffffffu, 0xffffffffu}, {1}));
+  CHECK_THROWS_WITH(amp_examples::read_idx(wrapped, kIdxImagesMagic),
+                    Contains("promises more than 2^64 values"));
+  // A zero dimension is an empty array whatever the others say.
+  const fs::path empty = dir.path() / "empty";
+  amp_test::write_raw(empty, encode_idx(kIdxImagesMagic, {0, 0xffffffffu, 0xffffffffu}, {}));
+  CHECK(amp_examples::read_idx(empty, kIdxImagesMagic).values.empty());
+  // A header promising more than the file holds is the parser's truncation error.
+  const fs::path cut = dir.path() / "cut";
+  amp_test::write_raw(cut, encode_idx(kIdxImagesMagic, {1000, 28, 28}, iota_bytes(10)));
+  CHECK_THROWS_WITH(amp_examples::read_idx(cut, kIdxImagesMagic),
+                    Contains("truncated: the header promises 1000 x 28 x 28 values"));
 }
