@@ -45,7 +45,7 @@ std::string printable(std::string_view text) {
   return out;
 }
 
-std::string quoted(std::string_view text) { return "'" + printable(text) + "'"; }
+std::string quoted_text(std::string_view text) { return "'" + printable(text) + "'"; }
 
 std::string hex(std::uint64_t value, int digits) {
   static const char* const kHex = "0123456789abcdef";
@@ -160,7 +160,7 @@ std::uint64_t check_zip64_records(std::string_view file, std::uint64_t eocd, std
 // The entry's local header must agree with its central record; returns where its data starts.
 std::uint64_t check_local_header(std::string_view file, const ZipEntry& entry, std::uint64_t local,
                                  std::uint64_t dir_offset, std::uint16_t flags) {
-  const std::string name = quoted(entry.name);
+  const std::string name = quoted_text(entry.name);
   if (local > dir_offset || dir_offset - local < kLocalHeaderSize) {
     fail("zip entry ", name, ": its local header at byte ", local,
          " is not before the central directory (byte ", dir_offset, ")");
@@ -177,7 +177,7 @@ std::uint64_t check_local_header(std::string_view file, const ZipEntry& entry, s
   }
   if (file.substr(local + kLocalHeaderSize, name_length) != entry.name) {
     fail("zip entry ", name, ": its local header at byte ", local, " names it ",
-         quoted(file.substr(local + kLocalHeaderSize, name_length)));
+         quoted_text(file.substr(local + kLocalHeaderSize, name_length)));
   }
   if (u16(file, local + 8) != entry.method) {
     fail("zip entry ", name, ": its local header at byte ", local, " gives method ",
@@ -376,10 +376,6 @@ class PickleReader {
       : data_(data), entry_name_(printable(entry_name)) {}
 
   StateEntries run() {
-    if (data_.size() > kMaxStatePickleSize) {
-      fail(entry_name_, " is ", data_.size(), " bytes; a state dict's pickle is at most ",
-           kMaxStatePickleSize, " bytes");
-    }
     if (data_.empty()) fail(entry_name_, " is empty; it should hold the pickled state dict");
     while (pos_ < data_.size()) {
       const std::size_t at = pos_;
@@ -390,8 +386,8 @@ class PickleReader {
       }
       if (step(at, op)) {
         if (pos_ != data_.size()) {
-          fail_at(pos_, data_.size() - pos_, " bytes follow STOP (at byte ", at,
-                  "); the pickle must end with STOP");
+          fail_at(pos_, "the pickle goes on for ", data_.size() - pos_,
+                  " more byte(s) after STOP (at byte ", at, "); STOP must be its last byte");
         }
         return std::move(entries_);
       }
@@ -449,7 +445,7 @@ class PickleReader {
     const std::string_view text = take(at, op, static_cast<std::size_t>(length));
     const std::size_t bad = utf8_error(text);
     if (bad != text.size()) {
-      fail_at(at, "the string ", quoted(text), " is not valid UTF-8 (its byte ", bad, ")");
+      fail_at(at, "the string ", quoted_text(text), " is not valid UTF-8 (its byte ", bad, ")");
     }
     push(Item{Item::Kind::kString, at, text, {}}, op);
   }
@@ -486,11 +482,11 @@ class PickleReader {
               "strings");
     }
     if (value.kind != Item::Kind::kNumber) {
-      fail_at(value.offset, "the value of key ", quoted(key.text), " is ", kind_name(value),
+      fail_at(value.offset, "the value of key ", quoted_text(key.text), " is ", kind_name(value),
               "; a state dict holds only numbers (float, int, bool)");
     }
     if (!keys_.insert(key.text).second) {
-      fail_at(key.offset, "key ", quoted(key.text), " appears twice in the dict");
+      fail_at(key.offset, "key ", quoted_text(key.text), " appears twice in the dict");
     }
     if (entries_.size() >= kMaxStateEntries) {
       fail_at(key.offset, "the dict has more than ", kMaxStateEntries,
@@ -729,7 +725,7 @@ std::vector<ZipEntry> read_zip_directory(std::string_view file) {
            "; entry names are 1 to ", kMaxZipNameLength, " bytes without NUL");
     }
     if (flags & 0x41) {
-      fail("zip entry ", quoted(entry.name), " is encrypted (flags ", hex(flags, 4),
+      fail("zip entry ", quoted_text(entry.name), " is encrypted (flags ", hex(flags, 4),
            "); encrypted entries are not supported");
     }
     entry.method = u16(file, pos + 10);
@@ -739,11 +735,12 @@ std::vector<ZipEntry> read_zip_directory(std::string_view file) {
     const std::uint32_t local = u32(file, pos + 42);
     if (entry.compressed_size == 0xffffffffu || entry.size == 0xffffffffu || local == 0xffffffffu ||
         u16(file, pos + 34) == 0xffff) {
-      fail("zip entry ", quoted(entry.name), " has ZIP64 markers in its central record at byte ",
-           pos, "; ZIP64 archives are not supported");
+      fail("zip entry ", quoted_text(entry.name),
+           " has ZIP64 markers in its central record at byte ", pos,
+           "; ZIP64 archives are not supported");
     }
     if (u16(file, pos + 34) != 0) {
-      fail("zip entry ", quoted(entry.name), " starts on disk ", u16(file, pos + 34),
+      fail("zip entry ", quoted_text(entry.name), " starts on disk ", u16(file, pos + 34),
            "; only single-file zips are read");
     }
     entry.data_offset = check_local_header(file, entry, local, dir_offset, flags);
@@ -769,7 +766,7 @@ StateEntries parse_state_file(std::string_view bytes) {
   const std::string& first = entries.front().name;
   const std::size_t slash = first.find('/');
   if (slash == std::string::npos || slash == 0) {
-    fail("zip entry ", quoted(first),
+    fail("zip entry ", quoted_text(first),
          " is not inside a directory; torch.save puts every entry under one (like 'x/data.pkl')");
   }
   const std::string prefix = first.substr(0, slash + 1);
@@ -778,11 +775,11 @@ StateEntries parse_state_file(std::string_view bytes) {
   const ZipEntry* pickle = nullptr;
   for (const ZipEntry& entry : entries) {
     if (entry.name.compare(0, prefix.size(), prefix) != 0) {
-      fail("zip entry ", quoted(entry.name), " is outside the directory ", quoted(prefix),
+      fail("zip entry ", quoted_text(entry.name), " is outside the directory ", quoted_text(prefix),
            " that holds the first entry; torch.save puts every entry under one directory");
     }
     if (entry.method != 0 || entry.compressed_size != entry.size) {
-      fail("zip entry ", quoted(entry.name), " is compressed (method ", entry.method, ", ",
+      fail("zip entry ", quoted_text(entry.name), " is compressed (method ", entry.method, ", ",
            entry.compressed_size, " bytes stored for ", entry.size,
            "); torch.save stores entries uncompressed");
     }
@@ -794,19 +791,20 @@ StateEntries parse_state_file(std::string_view bytes) {
   }
   std::sort(names.begin(), names.end());
   const auto twice = std::adjacent_find(names.begin(), names.end());
-  if (twice != names.end()) fail("zip entry ", quoted(*twice), " appears twice in the archive");
+  if (twice != names.end())
+    fail("zip entry ", quoted_text(*twice), " appears twice in the archive");
   if (pickle == nullptr) {
-    fail("the zip archive has no entry ", quoted(prefix + "data.pkl"),
+    fail("the zip archive has no entry ", quoted_text(prefix + "data.pkl"),
          "; it holds something other than a torch.save state dict");
   }
   if (pickle->size > kMaxStatePickleSize) {
-    fail("zip entry ", quoted(pickle->name), " is ", pickle->size,
+    fail("zip entry ", quoted_text(pickle->name), " is ", pickle->size,
          " bytes; a state dict's pickle is at most ", kMaxStatePickleSize, " bytes");
   }
   const std::string_view data = bytes.substr(pickle->data_offset, pickle->size);
   const std::uint32_t crc = crc32(data);
   if (crc != pickle->crc32) {
-    fail("zip entry ", quoted(pickle->name), " has CRC-32 ", hex(crc, 8),
+    fail("zip entry ", quoted_text(pickle->name), " has CRC-32 ", hex(crc, 8),
          " but the archive records ", hex(pickle->crc32, 8), "; its bytes are damaged");
   }
   return parse_state_pickle(data, pickle->name);

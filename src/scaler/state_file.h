@@ -86,6 +86,8 @@ StateEntries parse_state_file(std::string_view bytes);
 /// int (BININT, BININT1, BININT2, LONG1 within int64) or bool (NEWTRUE, NEWFALSE); memo opcodes
 /// (BINPUT, LONG_BINPUT, MEMOIZE, BINGET, LONG_BINGET) and FRAME; STOP as the last byte. Any other
 /// opcode is refused at its offset, naming it. NaN and infinities are returned as they are.
+/// Takes O(pickle.size()) time whatever the bytes; the caller bounds the size
+/// (parse_state_file: kMaxStatePickleSize).
 StateEntries parse_state_pickle(std::string_view pickle, std::string_view entry_name = "data.pkl");
 
 /// The CRC-32 (ISO-HDLC, as zip uses) of `bytes`.
