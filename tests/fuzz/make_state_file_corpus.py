@@ -10,6 +10,8 @@ float.hex(), exact), so the C++ tests compare the reader with torch.load, not wi
 `zip` prints one line per entry, "NAME<TAB>DATA_OFFSET<TAB>SIZE<TAB>METHOD<TAB>CRC32" (decimal).
 The seed amp_writer.pt comes from amp's C++ GradScaler::save_state_dict (LibTorch's Pickler and
 PyTorchStreamWriter), which this script cannot run; the C++ tests write such a file themselves.
+The files named by a SHA-1 are inputs the fuzzer found (scripts/fuzz), reduced to a small set
+that reaches every code edge the whole fuzzing corpus reached; this script leaves them alone.
 """
 import math
 import os
