@@ -339,7 +339,7 @@ std::size_t utf8_error(std::string_view text) {
 
 // A stack item: the dict, a MARK, a key string (a view into the pickle) or a number.
 struct Item {
-  enum class Kind { kMark, kDict, kString, kNumber };
+  enum class Kind { kMarker, kDict, kString, kNumber };
   Kind kind;
   std::size_t offset;  // of the opcode that pushed it
   std::string_view text;
@@ -348,7 +348,7 @@ struct Item {
 
 const char* kind_name(const Item& item) {
   switch (item.kind) {
-    case Item::Kind::kMark:
+    case Item::Kind::kMarker:
       return "a MARK";
     case Item::Kind::kDict:
       return "the dict itself";
@@ -455,7 +455,7 @@ class PickleReader {
       fail_at(at, describe(op), " uses memo index ", index, "; a state file uses indices below ",
               kMaxPickleMemoIndex);
     }
-    if (stack_.empty() || stack_.back().kind == Item::Kind::kMark) {
+    if (stack_.empty() || stack_.back().kind == Item::Kind::kMarker) {
       fail_at(at, describe(op), " has nothing to store: ",
               stack_.empty() ? "the stack is empty" : "the top of the stack is a MARK");
     }
@@ -543,7 +543,7 @@ class PickleReader {
                   " items are pending after the dict; a state dict is one flat dict filled by ",
                   "one MARK ... SETITEMS at a time");
         }
-        stack_.push_back(Item{Item::Kind::kMark, at, {}, {}});
+        stack_.push_back(Item{Item::Kind::kMarker, at, {}, {}});
         return false;
       case kBinUnicode:
         push_string(at, op, take_le(at, op, 4));
@@ -616,7 +616,7 @@ class PickleReader {
         return false;
       }
       case kSetItems: {
-        if (stack_.size() < 2 || stack_[1].kind != Item::Kind::kMark) {
+        if (stack_.size() < 2 || stack_[1].kind != Item::Kind::kMarker) {
           fail_at(at, "SETITEMS without a MARK after the dict");
         }
         if ((stack_.size() - 2) % 2 != 0) {
@@ -631,7 +631,7 @@ class PickleReader {
         if (!have_dict_) fail_at(at, "STOP before any dict; the pickle must hold one dict");
         if (stack_.size() != 1) {
           const Item& extra = stack_[1];
-          if (extra.kind == Item::Kind::kMark) {
+          if (extra.kind == Item::Kind::kMarker) {
             fail_at(at, "STOP while the MARK at byte ", extra.offset, " is not closed by SETITEMS");
           }
           fail_at(at, "STOP leaves ", stack_.size() - 1,
