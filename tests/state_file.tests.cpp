@@ -146,7 +146,7 @@ std::string binfloat(double value) {
   for (int k = 7; k >= 0; --k) bytes += static_cast<char>((bits >> (8 * k)) & 0xff);
   return bytes;
 }
-// {"scale": 2.0, "growth_interval": 7} as protocol 2 writes it.
+// {"scale": 2.0, "growth_interval": 7} in protocol 2 opcodes, without the memo stores Python adds.
 const std::string kSmallPickle =
     kHead + "(" + unicode("scale") + binfloat(2.0) + unicode("growth_interval") + "K\x07" + "u.";
 
