@@ -6,6 +6,7 @@ string(COMPARE EQUAL "${CMAKE_SOURCE_DIR}" "${PROJECT_SOURCE_DIR}" AMP_IS_TOP_LE
 option(AMP_BUILD_TESTS "Build amp's Catch2 test suite and register it with CTest" ${AMP_IS_TOP_LEVEL})
 option(AMP_BUILD_EXAMPLES "Build amp's examples" ${AMP_IS_TOP_LEVEL})
 option(AMP_BUILD_BENCHMARKS "Build amp's benchmarks (bench/; built, never run by ctest)" ${AMP_IS_TOP_LEVEL})
+option(AMP_BUILD_FUZZERS "Build amp's libFuzzer targets (tests/fuzz; needs clang)" OFF)
 # AMP_WITH_CUDA is decided in AmpDependencies.cmake: its default depends on what is found.
 
 if(NOT CMAKE_BUILD_TYPE AND NOT CMAKE_CONFIGURATION_TYPES)
