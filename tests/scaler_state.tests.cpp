@@ -389,9 +389,18 @@ TEST_CASE("save_state_dict and load_state_dict(path) round-trip, and bad files a
     const auto data = torch::pickle_save(torch::ones({2}));
     std::ofstream(tensor_file, std::ios::binary).write(data.data(), data.size());
   }
-  CHECK_THROWS_WITH(untouched.load_state_dict(tensor_file.string()), Contains("not a dict"));
+  // A pickled tensor is refused at its first opcode a state dict of numbers cannot hold.
+  CHECK_THROWS_WITH(untouched.load_state_dict(tensor_file.string()),
+                    Contains("is not a readable state dict file") && Contains("is not allowed"));
+  // A folder, and a file far larger than any state file, are refused before reading.
+  CHECK_THROWS_WITH(untouched.load_state_dict(std::filesystem::temp_directory_path().string()),
+                    Contains("is not a regular file (a folder, FIFO or device)"));
+  const auto huge = temp_path("huge.pt");
+  std::ofstream(huge, std::ios::binary) << std::string(3 << 20, 'x');
+  CHECK_THROWS_WITH(untouched.load_state_dict(huge.string()),
+                    Contains("has 3145728 bytes, more than the 1048576 a state file may have"));
   CHECK(untouched.get_scale() == scale_before);
-  for (const auto& p : {path, truncated, garbage, tensor_file}) std::filesystem::remove(p);
+  for (const auto& p : {path, truncated, garbage, tensor_file, huge}) std::filesystem::remove(p);
 }
 
 TEST_CASE("torch::save / torch::load and archives carry the scaler next to a model",

@@ -2,8 +2,8 @@
 #include <amp/grad_scaler.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <limits>
 #include <optional>
 
@@ -11,9 +11,9 @@
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
+#include "scaler/state_file.h"
 #include "scaler/validate.h"
 
 namespace amp {
@@ -250,24 +250,50 @@ void GradScaler::save_state_dict(const std::string& path) const {
 
 void GradScaler::load_state_dict(const std::string& path) {
   const detail::ConcurrentUseDetector::Scope in_use(use_, "load_state_dict");
+  // amp's own strict reader, never LibTorch's general one: a damaged or hostile file is refused
+  // with a sentence instead of crashing, hanging or exhausting memory inside the unpickler.
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  TORCH_CHECK(std::filesystem::exists(status), "GradScaler::load_state_dict: cannot open '", path,
+              "' for reading; check the path.");
+  TORCH_CHECK(std::filesystem::is_regular_file(status), "GradScaler::load_state_dict: '", path,
+              "' is not a regular file (a folder, FIFO or device); name a state file.");
+  const auto size = std::filesystem::file_size(path, ec);
+  TORCH_CHECK(!ec && size <= detail::kMaxStateFileSize, "GradScaler::load_state_dict: '", path,
+              "' has ", size, " bytes, more than the ", detail::kMaxStateFileSize,
+              " a state file may have (about 1.3 KiB is usual); it is not a GradScaler state "
+              "file.");
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in.good(), "GradScaler::load_state_dict: cannot open '", path,
-              "' for reading; check the path.");
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
-                                std::istreambuf_iterator<char>());
-  c10::IValue value;
+              "' for reading; check the path and its permissions.");
+  std::string bytes(static_cast<size_t>(size), '\0');
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  TORCH_CHECK(in.gcount() == static_cast<std::streamsize>(bytes.size()),
+              "GradScaler::load_state_dict: reading '", path, "' failed; check the file.");
+  detail::StateEntries entries;
   try {
-    value = torch::jit::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    const auto* error = dynamic_cast<const c10::Error*>(&e);
+    entries = detail::parse_state_file(bytes);
+  } catch (const detail::StateFileError& e) {
     TORCH_CHECK(false, "GradScaler::load_state_dict: '", path,
                 "' is not a readable state dict file (corrupt, truncated, or not written by "
-                "torch.save / GradScaler::save_state_dict): ",
-                error ? error->what_without_backtrace() : e.what());
+                "torch.save(scaler.state_dict(), path) / GradScaler::save_state_dict): ",
+                e.what());
   }
-  TORCH_CHECK(value.isGenericDict(), "GradScaler::load_state_dict: '", path, "' holds a ",
-              value.tagKind(), ", not a dict; save the scaler's state_dict() to it.");
-  load_state_dict(value.toGenericDict());
+  StateDict dict = empty_state_dict();
+  for (const auto& [key, value] : entries) {
+    switch (value.kind) {
+      case detail::StateValue::Kind::kFloat:
+        dict.insert(key, value.f);
+        break;
+      case detail::StateValue::Kind::kInt:
+        dict.insert(key, value.i);
+        break;
+      case detail::StateValue::Kind::kBool:
+        dict.insert(key, value.b);
+        break;
+    }
+  }
+  load_state_dict(dict);
 }
 
 void GradScaler::save(torch::serialize::OutputArchive& archive) const {
