@@ -1,15 +1,18 @@
 // Benchmark of amp's fused unscale ops against ATen's path and the memory-bandwidth ceiling
 // (an in-place read-modify-write of one flat buffer of the same bytes), timed side by side.
-// Usage: amp_unscale_bench [cpu|cuda] [reps]   (prints one table row per case)
+// Usage: amp_unscale_bench [cpu|cuda] [reps]   (prints one table row per case; on the CPU the
+// last cases repeat (b), (c) and (c') while another thread keeps one core busy)
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <amp/ops.h>
@@ -184,5 +187,19 @@ int main(int argc, char** argv) {
   unscale_case(run, "(d) GPT-2 small fp16/bf16/fp32",
                make_list(gpt2, {torch::kHalf, torch::kBFloat16, torch::kFloat}, run.device));
   clip_case(run, "(e) unscale+clip GPT-2 fp32", gpt2);
+  if (!cuda) {
+    // Training next to a data loader: one core kept busy by another thread, where a parallel
+    // region waits for its second thread to be scheduled.
+    std::atomic<bool> stop{false};
+    std::thread busy([&] {
+      volatile uint64_t spin = 0;
+      while (!stop.load(std::memory_order_relaxed)) spin = spin + 1;
+    });
+    unscale_case(run, "(f) (c) with one core busy", make_list(small, {torch::kFloat}, run.device));
+    unscale_case(run, "(f') (c') with one core busy", make_list(tiny, {torch::kFloat}, run.device));
+    unscale_case(run, "(f'') (b) with one core busy", make_list(gpt2, {torch::kFloat}, run.device));
+    stop = true;
+    busy.join();
+  }
   return 0;
 }

@@ -60,9 +60,23 @@ void check_against_aten(const std::vector<torch::Tensor>& grads, float inv,
   CHECK(found_mine.item<float>() == found_ref.item<float>());
 }
 
-// The CPU kernel's thread split and vector widths put boundaries at these sizes.
-const std::vector<int64_t> kSizes = {0,     1,     7,     15,    16,    17,    33,
-                                     32767, 32768, 32769, 65535, 65536, 65537, (1 << 20) + 3};
+// The CPU kernel's vector widths, grain and serial threshold (8M elements) put boundaries at
+// these sizes.
+const std::vector<int64_t> kSizes = {0,
+                                     1,
+                                     7,
+                                     15,
+                                     16,
+                                     17,
+                                     33,
+                                     32767,
+                                     32768,
+                                     32769,
+                                     65535,
+                                     65536,
+                                     65537,
+                                     (1 << 20) + 3,
+                                     (1 << 23) + 3};
 
 }  // namespace
 
@@ -137,6 +151,32 @@ TEST_CASE("Overflow attribution names the tensors that held non-finite values", 
   amp::non_finite_check_and_unscale_(grads, found, scalar(0.5f), flags);
   CHECK(found.item<float>() == 1.0f);
   CHECK(torch::equal(flags, torch::tensor({0.f, 1.f, 0.f, 0.f, 1.f, 0.f})));
+}
+
+TEST_CASE("A list above the serial threshold is split across threads with the same results",
+          "[ops]") {
+  // Lists under 8M elements in all run on one thread; this one (8M + 240,022) is split into
+  // ranges across threads (when there are several), which must not change any result.
+  torch::manual_seed(9);
+  std::vector<torch::Tensor> grads;
+  for (int i = 0; i < 6; ++i) grads.push_back(scaled_randn(40000 + i, torch::kFloat));
+  grads.push_back(scaled_randn((int64_t{1} << 23) + 7, torch::kFloat));
+  check_against_aten(grads, 0.25f);
+
+  std::vector<torch::Tensor> ref_per;
+  for (auto& g : grads) ref_per.push_back((g.to(torch::kDouble) * 0.5).norm());
+  auto found = zero_flag();
+  auto [total, per] = amp::unscale_norm(grads, found, scalar(0.5f), true);
+  CHECK(total.item<double>() == Approx(torch::stack(ref_per).norm().item<double>()).epsilon(1e-6));
+  CHECK(torch::allclose(per.to(torch::kDouble), torch::stack(ref_per), 1e-6));
+
+  grads[1][39999] = kNaN;
+  grads[6][int64_t{1} << 22] = kInf;  // the middle: where two threads' ranges meet
+  auto flags = torch::zeros({7});
+  found = zero_flag();
+  amp::non_finite_check_and_unscale_(grads, found, scalar(0.5f), flags);
+  CHECK(found.item<float>() == 1.0f);
+  CHECK(torch::equal(flags, torch::tensor({0.f, 1.f, 0.f, 0.f, 0.f, 0.f, 1.f})));
 }
 
 TEST_CASE("Empty lists and empty tensors are accepted", "[ops]") {

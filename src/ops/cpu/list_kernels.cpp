@@ -14,6 +14,12 @@ namespace {
 
 // Below this many elements a range is not worth a thread of its own.
 constexpr int64_t kGrainElems = 1 << 15;
+// A list with fewer elements in all runs on the calling thread. Starting a parallel region costs
+// little on an idle machine, but 5-8 ms when every core is busy with other work (the region waits
+// for its second thread to be scheduled): more than one thread needs for 8M elements. ATen's
+// foreach ops stay on one thread for lists of small tensors, which is why a split list lost to
+// them under load (bench/results/unscale-cpu-under-load.txt).
+constexpr int64_t kSerialBelowElems = 1 << 23;
 
 using RangeFn = RangeResult (*)(const FlatTensor&, int64_t, int64_t, ListMode, float);
 
@@ -55,7 +61,8 @@ void run_list_job(const ListJob& job) {
   std::vector<double> thread_sumsq(norm ? threads : 0, 0.0);
   std::vector<char> thread_found(threads, 0);
 
-  at::parallel_for(0, total, kGrainElems, [&](int64_t begin, int64_t end) {
+  const int64_t grain = total < kSerialBelowElems ? kSerialBelowElems : kGrainElems;
+  at::parallel_for(0, total, grain, [&](int64_t begin, int64_t end) {
     const int tid = at::get_thread_num();
     bool found = false;
     double sumsq = 0.0;
