@@ -24,3 +24,9 @@ function(amp_add_fuzzer name)
 endfunction()
 
 amp_add_fuzzer(state_file "${PROJECT_SOURCE_DIR}/src/scaler/state_file.cpp")
+# The examples' IDX reader (raw and gzip), with the zlib and fmt the examples use.
+find_package(ZLIB REQUIRED)
+find_package(fmt REQUIRED)
+amp_add_fuzzer(idx "${PROJECT_SOURCE_DIR}/examples/common/idx.cpp")
+target_include_directories(idx_fuzz PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
+target_link_libraries(idx_fuzz PRIVATE ZLIB::ZLIB fmt::fmt-header-only)
