@@ -158,3 +158,37 @@ TEST_CASE("Two threads training through one scaler get errors, never a corrupted
   scaler.update();
   CHECK(scaler.get_scale() == 4.0);
 }
+
+TEST_CASE("Scalers in different threads train independently, as each would alone",
+          "[scaler][threads]") {
+  // amp's shared pieces (op registration, the CPU loop choice, the update kernels) must be safe
+  // for concurrent scalers; each thread's result equals the same training run on its own.
+  const auto train = [](int seed, double* scale_out, float* param_out) {
+    auto scaler = cpu_scaler(GradScalerOptions().init_scale(1024.0).growth_interval(3));
+    auto param = make_param(256);
+    torch::optim::SGD optimizer({param}, 0.01);
+    for (int i = 0; i < 200; ++i) {
+      scaler.scale(torch::ones({}));
+      const float g = (i + seed) % 17 == 0 ? INFINITY : static_cast<float>((i % 5) + seed);
+      set_grad(param, torch::full({256}, g));
+      scaler.unscale_(optimizer);
+      scaler.step(optimizer);
+      scaler.update();
+    }
+    *scale_out = scaler.get_scale();
+    *param_out = param.detach()[0].item<float>();
+  };
+  double alone_scale[2];
+  float alone_param[2];
+  for (int s = 0; s < 2; ++s) train(s + 1, &alone_scale[s], &alone_param[s]);
+  double scale[2];
+  float param[2];
+  std::thread a(train, 1, &scale[0], &param[0]);
+  std::thread b(train, 2, &scale[1], &param[1]);
+  a.join();
+  b.join();
+  for (int s = 0; s < 2; ++s) {
+    CHECK(scale[s] == alone_scale[s]);
+    CHECK(param[s] == alone_param[s]);
+  }
+}
