@@ -4,7 +4,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <optional>
 
 #include <ATen/ATen.h>
@@ -24,7 +23,6 @@ namespace {
 constexpr int64_t kFormatVersion = 1;
 constexpr const char* kFormatKey = "_amp_format_version";
 constexpr const char* kArchivePrefix = "grad_scaler.";
-constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
 using StateDict = c10::Dict<std::string, c10::IValue>;
 
@@ -150,12 +148,7 @@ void GradScaler::load_state_dict(const c10::Dict<std::string, c10::IValue>& stat
   const int64_t growth_interval = as_int(require(state_dict, "growth_interval"), "growth_interval");
   detail::check_growth_interval(growth_interval);
   const int64_t tracker = as_int(require(state_dict, "_growth_tracker"), "_growth_tracker");
-  // Not bounded by growth_interval: Python and amp reach a larger tracker after
-  // set_growth_interval lowers the interval, and save it.
-  TORCH_CHECK(tracker >= 0 && tracker <= kInt32Max,
-              "GradScaler::load_state_dict: '_growth_tracker' must be in [0, 2^31-1] (it is kept "
-              "in an int32 tensor), got ",
-              tracker, "; the checkpoint is damaged.");
+  detail::check_growth_tracker(tracker);
 
   // Extension keys are optional (Python's dicts lack them): absent ones keep the current value.
   GradScalerOptions options = options_;

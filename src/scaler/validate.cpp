@@ -10,23 +10,34 @@
 namespace amp::detail {
 
 namespace {
-constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-}  // namespace
 
+// Trackers, allowances and hysteresis live in int32 tensors.
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+// Whether `scale` survives being stored in the float32 scale tensor: outside float32's normal
+// range it would become inf, or a subnormal whose reciprocal (the unscale factor) overflows.
 bool is_storable_scale(double scale) {
-  // A scale outside float32's normal range would become inf, or a subnormal whose reciprocal
-  // (the unscale factor) overflows to inf, once stored in the float32 scale tensor.
   if (!std::isfinite(scale) || scale <= 0.0) return false;
   const auto stored = static_cast<float>(scale);
   return std::isfinite(stored) && stored >= std::numeric_limits<float>::min();
 }
 
+}  // namespace
+
 void check_scale_value(double scale, const char* what, const char* name, const char* fix) {
   TORCH_CHECK(is_storable_scale(scale), what,
-              " must be finite and > 0, within float32's normal "
-              "range [",
+              " must be finite and > 0, within float32's normal range [",
               std::numeric_limits<float>::min(), ", ", std::numeric_limits<float>::max(),
               "] since the scale is kept in a float32 tensor. Got ", name, "=", scale, "; ", fix);
+}
+
+void check_growth_tracker(int64_t tracker) {
+  // Not bounded by growth_interval: Python and amp reach a larger tracker after
+  // set_growth_interval lowers the interval, and save it.
+  TORCH_CHECK(tracker >= 0 && tracker <= kInt32Max,
+              "GradScaler::load_state_dict: '_growth_tracker' must be in [0, 2^31-1] (it is kept "
+              "in an int32 tensor), got ",
+              tracker, "; the checkpoint is damaged.");
 }
 
 void check_init_scale(double init_scale) {

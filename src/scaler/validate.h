@@ -8,14 +8,13 @@
 
 namespace amp::detail {
 
-/// Whether `scale` survives being stored in the float32 scale tensor: finite, > 0, and neither
-/// overflowing to inf nor falling below float32's smallest normal value.
-bool is_storable_scale(double scale);
-
 /// Each throws c10::Error with a sentence naming the value and the fix when it is out of range.
 /// check_scale_value: `what` starts the sentence ("The initial scale"), `name` is the argument or
 /// key ("init_scale"), `fix` ends the sentence.
+/// The scale must be finite, > 0 and a normal float32 value (it lives in a float32 tensor).
 void check_scale_value(double scale, const char* what, const char* name, const char* fix);
+/// A loaded growth tracker: in [0, 2^31-1] (an int32 tensor).
+void check_growth_tracker(int64_t tracker);
 void check_init_scale(double init_scale);
 void check_growth_factor(double growth_factor);
 void check_backoff_factor(double backoff_factor);
