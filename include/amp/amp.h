@@ -2,6 +2,7 @@
 // optimizers). The low-level fused ops stay opt-in: include <amp/ops.h> for them.
 #pragma once
 
+#include <amp/archive.h>
 #include <amp/autocast.h>
 #include <amp/autocast_policy.h>
 #include <amp/custom_function.h>

@@ -663,7 +663,11 @@ std::uint32_t crc32(std::string_view bytes) {
   return c ^ 0xffffffffu;
 }
 
-std::vector<ZipEntry> read_zip_directory(std::string_view file) {
+std::string printable_text(std::string_view text) { return printable(text); }
+std::string describe_pickle_opcode(unsigned char code) { return describe(code); }
+std::size_t utf8_error_offset(std::string_view text) { return utf8_error(text); }
+
+std::vector<ZipEntry> read_zip_directory(std::string_view file, std::size_t max_entries) {
   const std::uint64_t eocd = find_end_of_central_dir(file);
   const std::uint16_t disk = u16(file, eocd + 4);
   const std::uint16_t dir_disk = u16(file, eocd + 6);
@@ -682,8 +686,8 @@ std::vector<ZipEntry> read_zip_directory(std::string_view file) {
          " describes a multi-disk archive (disk ", disk, ", directory on disk ", dir_disk, ", ",
          disk_entries, " of ", entries, " entries on this disk); only single-file zips are read");
   }
-  if (entries > kMaxZipEntries) {
-    fail("the zip archive lists ", entries, " entries; at most ", kMaxZipEntries, " are accepted");
+  if (entries > max_entries) {
+    fail("the zip archive lists ", entries, " entries; at most ", max_entries, " are accepted");
   }
   const std::uint64_t dir_limit = check_zip64_records(file, eocd, entries, dir_size, dir_offset);
   const std::uint64_t dir_end = std::uint64_t{dir_offset} + dir_size;

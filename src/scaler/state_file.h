@@ -72,7 +72,9 @@ struct ZipEntry {
 /// bytes without NUL; no encryption; every entry's data inside the file, before the central
 /// directory. Does not check CRCs or methods (see parse_state_file).
 /// Throws StateFileError naming the record and byte offset when a check fails.
-std::vector<ZipEntry> read_zip_directory(std::string_view file);
+/// `max_entries` bounds the entry count (kMaxZipEntries for a state file; archives allow more).
+std::vector<ZipEntry> read_zip_directory(std::string_view file,
+                                         std::size_t max_entries = kMaxZipEntries);
 
 /// Parses a whole state file (`bytes`: the file's contents, at most kMaxStateFileSize): a zip
 /// whose entries all sit under one directory `<d>/`, all stored uncompressed, with exactly one
@@ -92,5 +94,15 @@ StateEntries parse_state_pickle(std::string_view pickle, std::string_view entry_
 
 /// The CRC-32 (ISO-HDLC, as zip uses) of `bytes`.
 std::uint32_t crc32(std::string_view bytes);
+
+// Shared with the archive checker (archive_check.cpp), which reads the same zip and pickle bytes.
+
+/// `text` as a message may quote it: control and non-ASCII bytes as \xNN, quotes escaped, at
+/// most 64 bytes then "...".
+std::string printable_text(std::string_view text);
+/// "opcode 0x51 (BINPERSID)", or "byte 0xff (not a pickle opcode)".
+std::string describe_pickle_opcode(unsigned char code);
+/// The offset of the first byte of `text` that is not well-formed UTF-8, or text.size().
+std::size_t utf8_error_offset(std::string_view text);
 
 }  // namespace amp::detail

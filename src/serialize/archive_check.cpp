@@ -1,0 +1,952 @@
+// The archive checker: zip layout, a pickle scanner that evaluates kinds and nesting (not values),
+// and a line grammar for the archive's TorchScript class definitions (see archive_check.h).
+#include "serialize/archive_check.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace amp::detail {
+
+namespace {
+
+template <typename... Args>
+[[noreturn]] void fail(const Args&... args) {
+  std::ostringstream message;
+  (message << ... << args);
+  throw StateFileError(message.str());
+}
+
+std::string quoted(std::string_view text) { return "'" + printable_text(text) + "'"; }
+
+std::uint64_t read_le(std::string_view bytes, int width) {
+  std::uint64_t value = 0;
+  for (int k = width - 1; k >= 0; --k) {
+    value = (value << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(k)]);
+  }
+  return value;
+}
+
+bool ends_with(std::string_view text, std::string_view suffix) {
+  return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
+}
+bool starts_with(std::string_view text, std::string_view prefix) {
+  return text.substr(0, prefix.size()) == prefix;
+}
+
+bool is_identifier(std::string_view text) {
+  if (text.empty() || text.size() > 256) return false;
+  for (std::size_t k = 0; k < text.size(); ++k) {
+    const char c = text[k];
+    const bool letter = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    if (!letter && !(k > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return true;
+}
+
+// "a.b.c" with each part an identifier.
+bool is_dotted_name(std::string_view text) {
+  if (text.empty() || text.size() > 1024) return false;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t dot = text.find('.', start);
+    if (!is_identifier(text.substr(start, dot == std::string_view::npos ? dot : dot - start))) {
+      return false;
+    }
+    if (dot == std::string_view::npos) return true;
+    start = dot + 1;
+  }
+}
+
+// ---- types ----
+
+class TypeParser {
+ public:
+  TypeParser(std::string_view text, std::string_view where) : text_(text), where_(where) {}
+
+  void run() {
+    if (text_.size() > 4096) bad("is ", text_.size(), " bytes long; types are at most 4096");
+    parse_type(0);
+    if (pos_ != text_.size()) bad("has unexpected text at byte ", pos_);
+  }
+
+ private:
+  template <typename... Args>
+  [[noreturn]] void bad(const Args&... args) const {
+    fail(where_, ": the type ", quoted(text_), " ", args...);
+  }
+
+  void parse_type(std::size_t depth) {
+    const std::size_t start = pos_;
+    while (pos_ < text_.size() && text_[pos_] != '[' && text_[pos_] != ']' && text_[pos_] != ',') {
+      ++pos_;
+    }
+    const std::string_view name = text_.substr(start, pos_ - start);
+    if (name == "()") return;  // Tuple[()]: the empty tuple
+    if (!is_dotted_name(name)) bad("has ", quoted(name), " where a type name should be");
+    if (pos_ == text_.size() || text_[pos_] != '[') return;
+    if (depth + 1 > kMaxArchiveTypeNesting) {
+      bad("nests brackets more than ", kMaxArchiveTypeNesting, " deep");
+    }
+    ++pos_;
+    while (true) {
+      parse_type(depth + 1);
+      if (pos_ == text_.size()) bad("has an unclosed '['");
+      if (text_[pos_] == ']') {
+        ++pos_;
+        return;
+      }
+      if (text_[pos_] != ',') bad("has ", quoted(text_.substr(pos_, 1)), " at byte ", pos_);
+      ++pos_;
+      if (pos_ < text_.size() && text_[pos_] == ' ') ++pos_;
+    }
+  }
+
+  std::string_view text_;
+  std::string_view where_;
+  std::size_t pos_ = 0;
+};
+
+// ---- pickles ----
+
+constexpr unsigned char kMark = 0x28, kEmptyTuple = 0x29, kStop = 0x2e, kBinFloat = 0x47,
+                        kBinInt = 0x4a, kBinInt1 = 0x4b, kBinInt2 = 0x4d, kNone = 0x4e,
+                        kBinPersId = 0x51, kReduce = 0x52, kBinUnicode = 0x58, kEmptyList = 0x5d,
+                        kAppend = 0x61, kBuild = 0x62, kGlobal = 0x63, kAppends = 0x65,
+                        kBinGet = 0x68, kLongBinGet = 0x6a, kBinPut = 0x71, kLongBinPut = 0x72,
+                        kSetItem = 0x73, kTuple = 0x74, kSetItems = 0x75, kEmptyDict = 0x7d,
+                        kProto = 0x80, kNewObj = 0x81, kTuple1 = 0x85, kTuple2 = 0x86,
+                        kTuple3 = 0x87, kNewTrue = 0x88, kNewFalse = 0x89, kLong1 = 0x8a,
+                        kShortBinUnicode = 0x8c, kMemoize = 0x94, kFrame = 0x95;
+
+// Storage types LibTorch saves tensors with, and their element sizes.
+struct StorageType {
+  const char* name;
+  std::uint64_t element_size;
+};
+constexpr StorageType kStorageTypes[] = {
+    {"FloatStorage", 4},    {"DoubleStorage", 8},       {"HalfStorage", 2},
+    {"BFloat16Storage", 2}, {"LongStorage", 8},         {"IntStorage", 4},
+    {"ShortStorage", 2},    {"CharStorage", 1},         {"ByteStorage", 1},
+    {"BoolStorage", 1},     {"ComplexFloatStorage", 8}, {"ComplexDoubleStorage", 16},
+};
+
+// What a GLOBAL names; the scanner accepts nothing else.
+enum class Callable {
+  kNone,
+  kClass,           // a __torch__ class (NEWOBJ)
+  kStorage,         // torch.<X>Storage (inside a tensor record)
+  kRebuildTensor,   // torch._utils._rebuild_tensor_v2
+  kOrderedDict,     // collections.OrderedDict
+  kBuildList,       // torch.jit._pickle.build_{int,double,bool,tensor}list
+  kRestoreTypeTag,  // torch.jit._pickle.restore_type_tag
+};
+
+struct Node;
+
+// A value on the scanner's stack: its kind and what later checks need of it.
+struct Value {
+  enum class Kind {
+    kMark,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kGlobal,
+    kTuple,
+    kList,
+    kDict,
+    kObject,
+    kStorage,
+    kTensor
+  };
+  Kind kind = Kind::kNone;
+  std::int64_t integer = 0;  // kInt; kBool as 0/1
+  std::string_view text;     // kString
+  Callable callable = Callable::kNone;
+  std::uint64_t element_size = 0;  // kGlobal of a storage type; kStorage
+  std::uint64_t numel = 0;         // kStorage
+  std::shared_ptr<Node> node;      // containers: shared by every copy (memo, stack)
+};
+
+// A container's bookkeeping, shared by all references to it.
+struct Node {
+  std::size_t depth = 1;     // 1 + the deepest value inside
+  bool contained = false;    // placed inside another container: must not change any more
+  std::vector<Value> items;  // a tuple's items, when it has at most kMaxKeptItems
+  std::size_t size = 0;      // a tuple's item count
+};
+
+// Tuples up to this size keep their items (tensor records, sizes and strides, call arguments).
+constexpr std::size_t kMaxKeptItems = kMaxArchiveTensorDims;
+
+const char* kind_name(Value::Kind kind) {
+  switch (kind) {
+    case Value::Kind::kMark:
+      return "a MARK";
+    case Value::Kind::kNone:
+      return "None";
+    case Value::Kind::kBool:
+      return "a bool";
+    case Value::Kind::kInt:
+      return "an int";
+    case Value::Kind::kFloat:
+      return "a float";
+    case Value::Kind::kString:
+      return "a string";
+    case Value::Kind::kGlobal:
+      return "an imported name";
+    case Value::Kind::kTuple:
+      return "a tuple";
+    case Value::Kind::kList:
+      return "a list";
+    case Value::Kind::kDict:
+      return "a dict";
+    case Value::Kind::kObject:
+      return "an object";
+    case Value::Kind::kStorage:
+      return "a tensor storage";
+    case Value::Kind::kTensor:
+      return "a tensor";
+  }
+  return "a value";
+}
+
+std::size_t depth_of(const Value& value) { return value.node ? value.node->depth : 0; }
+
+class ArchivePickleScanner {
+ public:
+  ArchivePickleScanner(std::string_view data, std::string_view entry_name,
+                       const ArchiveRecordSize& record_size)
+      : data_(data), entry_name_(printable_text(entry_name)), record_size_(record_size) {}
+
+  void run() {
+    if (data_.empty()) fail(entry_name_, " is empty; it should hold a pickle");
+    while (pos_ < data_.size()) {
+      const std::size_t at = pos_;
+      const auto op = static_cast<unsigned char>(data_[pos_++]);
+      if (at == 0 && op != kProto) {
+        fail_at(at, "the pickle starts with ", describe_pickle_opcode(op),
+                " instead of PROTO (0x80), as LibTorch writes");
+      }
+      if (op == kStop) {
+        if (stack_.size() != 1 || !marks_.empty()) {
+          fail_at(at, "STOP with ", stack_.size(), " value(s) and ", marks_.size(),
+                  " open MARK(s) on the stack; a pickle ends with exactly one value");
+        }
+        if (pos_ != data_.size()) {
+          fail_at(pos_, "the pickle goes on for ", data_.size() - pos_,
+                  " byte(s) after STOP; STOP must be its last byte");
+        }
+        return;
+      }
+      step(at, op);
+    }
+    fail_at(data_.size(), "the pickle ends without STOP (0x2e); the entry is truncated");
+  }
+
+ private:
+  template <typename... Args>
+  [[noreturn]] void fail_at(std::size_t offset, const Args&... args) const {
+    fail(entry_name_, " byte ", offset, ": ", args...);
+  }
+
+  std::string_view take(std::size_t at, unsigned char op, std::size_t n) {
+    if (data_.size() - pos_ < n) {
+      fail_at(at, describe_pickle_opcode(op), " needs ", n,
+              " argument bytes but the pickle ends after ", data_.size() - pos_,
+              "; the entry is truncated");
+    }
+    const std::string_view bytes = data_.substr(pos_, n);
+    pos_ += n;
+    return bytes;
+  }
+  std::uint64_t take_le(std::size_t at, unsigned char op, int width) {
+    return read_le(take(at, op, static_cast<std::size_t>(width)), width);
+  }
+  // A GLOBAL argument: text up to a newline, at most 256 bytes.
+  std::string_view take_line(std::size_t at) {
+    const std::size_t limit = std::min<std::size_t>(data_.size() - pos_, 257);
+    const std::size_t newline = data_.substr(pos_, limit).find('\n');
+    if (newline == std::string_view::npos) {
+      fail_at(at, "GLOBAL's module or name is not ended by a newline within 256 bytes");
+    }
+    const std::string_view line = data_.substr(pos_, newline);
+    pos_ += newline + 1;
+    return line;
+  }
+
+  void push(std::size_t at, Value value) {
+    if (marks_.size() + depth_of(value) > kMaxArchiveNesting) {
+      fail_at(at, "values nest more than ", kMaxArchiveNesting,
+              " deep; LibTorch's reader would recurse that deep");
+    }
+    stack_.push_back(std::move(value));
+  }
+  Value pop(std::size_t at, unsigned char op) {
+    if (stack_.size() <= stack_floor()) {
+      fail_at(at, describe_pickle_opcode(op), " needs a value but the stack is empty",
+              marks_.empty() ? "" : " above the last MARK");
+    }
+    Value value = std::move(stack_.back());
+    stack_.pop_back();
+    return value;
+  }
+  std::size_t stack_floor() const { return marks_.empty() ? 0 : marks_.back(); }
+  // The values since the last MARK, which is removed.
+  std::vector<Value> pop_mark(std::size_t at, unsigned char op) {
+    if (marks_.empty()) fail_at(at, describe_pickle_opcode(op), " has no MARK to end");
+    const std::size_t start = marks_.back();
+    marks_.pop_back();
+    std::vector<Value> items(std::make_move_iterator(stack_.begin() + static_cast<long>(start)),
+                             std::make_move_iterator(stack_.end()));
+    stack_.resize(start);
+    return items;
+  }
+  Value& top(std::size_t at, unsigned char op) {
+    if (stack_.size() <= stack_floor()) {
+      fail_at(at, describe_pickle_opcode(op), " needs a value but the stack is empty");
+    }
+    return stack_.back();
+  }
+
+  Value container(Value::Kind kind) {
+    Value value;
+    value.kind = kind;
+    value.node = std::make_shared<Node>();
+    return value;
+  }
+  // Records that `item` now lives inside `owner` (a container being built or changed).
+  void place(std::size_t at, Node& owner, const Value& item) {
+    if (item.kind == Value::Kind::kMark) fail_at(at, "a MARK cannot be a value");
+    if (item.node) item.node->contained = true;
+    owner.depth = std::max(owner.depth, depth_of(item) + 1);
+    if (owner.depth + marks_.size() > kMaxArchiveNesting) {
+      fail_at(at, "values nest more than ", kMaxArchiveNesting,
+              " deep; LibTorch's reader would recurse that deep");
+    }
+  }
+  // The container a mutating opcode changes: it must be of `kind` and not inside another yet.
+  Node& mutable_target(std::size_t at, unsigned char op, Value& target,
+                       std::initializer_list<Value::Kind> kinds) {
+    if (std::find(kinds.begin(), kinds.end(), target.kind) == kinds.end()) {
+      fail_at(at, describe_pickle_opcode(op), " applies to ", kind_name(target.kind),
+              ", which it cannot change");
+    }
+    if (target.node->contained) {
+      fail_at(at, describe_pickle_opcode(op), " changes ", kind_name(target.kind),
+              " that is already inside another value; LibTorch's pickler never does that");
+    }
+    return *target.node;
+  }
+  Value tuple_of(std::size_t at, std::vector<Value> items) {
+    Value tuple = container(Value::Kind::kTuple);
+    for (const Value& item : items) place(at, *tuple.node, item);
+    tuple.node->size = items.size();
+    if (items.size() <= kMaxKeptItems) tuple.node->items = std::move(items);
+    return tuple;
+  }
+
+  void memo_put(std::size_t at, unsigned char op, std::uint64_t index) {
+    // Picklers number memo entries 0, 1, 2, ...; LibTorch's reader sizes its memo by the index.
+    if (index > memo_.size()) {
+      fail_at(at, describe_pickle_opcode(op), " stores memo index ", index, " but only ",
+              memo_.size(), " entries exist; indices are assigned in order");
+    }
+    const Value& value = top(at, op);
+    if (index == memo_.size()) {
+      memo_.push_back(value);
+    } else {
+      memo_[index] = value;
+    }
+  }
+  void memo_get(std::size_t at, unsigned char op, std::uint64_t index) {
+    if (index >= memo_.size()) {
+      fail_at(at, describe_pickle_opcode(op), " fetches memo index ", index,
+              ", which nothing was stored at");
+    }
+    push(at, memo_[index]);
+  }
+
+  void global(std::size_t at) {
+    const std::string_view module = take_line(at);
+    const std::string_view name = take_line(at);
+    Value value;
+    value.kind = Value::Kind::kGlobal;
+    if ((module == "__torch__" || starts_with(module, "__torch__.")) && is_dotted_name(module) &&
+        is_identifier(name)) {
+      value.callable = Callable::kClass;
+    } else if (module == "torch") {
+      for (const StorageType& type : kStorageTypes) {
+        if (name == type.name) {
+          value.callable = Callable::kStorage;
+          value.element_size = type.element_size;
+        }
+      }
+    } else if (module == "torch._utils" && name == "_rebuild_tensor_v2") {
+      value.callable = Callable::kRebuildTensor;
+    } else if (module == "collections" && name == "OrderedDict") {
+      value.callable = Callable::kOrderedDict;
+    } else if (module == "torch.jit._pickle") {
+      if (name == "build_intlist" || name == "build_doublelist" || name == "build_boollist" ||
+          name == "build_tensorlist") {
+        value.callable = Callable::kBuildList;
+      } else if (name == "restore_type_tag") {
+        value.callable = Callable::kRestoreTypeTag;
+      }
+    }
+    if (value.callable == Callable::kNone) {
+      fail_at(at, "GLOBAL imports ", quoted(module), ".", quoted(name),
+              ", which a LibTorch archive does not use (only __torch__ classes, tensor storages, "
+              "_rebuild_tensor_v2, OrderedDict and torch.jit._pickle's builders)");
+    }
+    push(at, std::move(value));
+  }
+
+  // BINPERSID: ('storage', torch.<X>Storage, key, location, numel) -> a storage.
+  void persistent_id(std::size_t at) {
+    const Value record = pop(at, kBinPersId);
+    const auto refuse = [&](const auto&... why) {
+      fail_at(at, "a tensor record (BINPERSID) ", why...,
+              "; LibTorch writes ('storage', torch.<dtype>Storage, '<n>', '<device>', numel)");
+    };
+    if (record.kind != Value::Kind::kTuple || record.node->size != 5 ||
+        record.node->items.size() != 5) {
+      refuse("is ", kind_name(record.kind), " rather than a tuple of 5");
+    }
+    const std::vector<Value>& items = record.node->items;
+    if (items[0].kind != Value::Kind::kString || items[0].text != "storage") {
+      refuse("does not start with 'storage'");
+    }
+    if (items[1].kind != Value::Kind::kGlobal || items[1].callable != Callable::kStorage) {
+      refuse("has ", kind_name(items[1].kind), " where a known storage type should be");
+    }
+    if (items[2].kind != Value::Kind::kString || items[2].text.empty() ||
+        items[2].text.size() > 20 ||
+        !std::all_of(items[2].text.begin(), items[2].text.end(),
+                     [](char c) { return c >= '0' && c <= '9'; })) {
+      refuse("has a key that is not a decimal number");
+    }
+    const std::string_view location = items[3].kind == Value::Kind::kString ? items[3].text : "";
+    const std::size_t colon = location.find(':');
+    const std::string_view device_type = location.substr(0, colon);
+    const std::string_view device_index =
+        colon == std::string_view::npos ? std::string_view("0") : location.substr(colon + 1);
+    if (location.size() > 32 || !is_identifier(device_type) || device_index.empty() ||
+        device_index.size() > 4 ||
+        !std::all_of(device_index.begin(), device_index.end(),
+                     [](char c) { return c >= '0' && c <= '9'; })) {
+      refuse("has the device ", quoted(location), " (expected like 'cpu' or 'cuda:1')");
+    }
+    if (items[4].kind != Value::Kind::kInt || items[4].integer < 0) {
+      refuse("has ", kind_name(items[4].kind), " ", items[4].integer,
+             " where the element count should be");
+    }
+    const std::string name = std::string(tensor_dir()) + std::string(items[2].text);
+    const std::optional<std::uint64_t> size = record_size_ ? record_size_(name) : std::nullopt;
+    if (!size) refuse("names the entry ", quoted(name), ", which the archive does not have");
+    const auto numel = static_cast<std::uint64_t>(items[4].integer);
+    if (numel > *size / items[1].element_size) {
+      refuse("says ", numel, " elements of ", items[1].element_size, " bytes but ", quoted(name),
+             " has ", *size, " bytes");
+    }
+    Value storage;
+    storage.kind = Value::Kind::kStorage;
+    storage.numel = numel;
+    storage.element_size = items[1].element_size;
+    push(at, std::move(storage));
+  }
+  std::string_view tensor_dir() const {
+    return ends_with(entry_name_, "constants.pkl") ? "constants/" : "data/";
+  }
+
+  // The ints of a sizes or strides tuple, each in [0, 2^62].
+  std::vector<std::uint64_t> int_tuple(std::size_t at, const Value& value, const char* what) {
+    if (value.kind != Value::Kind::kTuple || value.node->items.size() != value.node->size ||
+        value.node->size > kMaxArchiveTensorDims) {
+      fail_at(at, "_rebuild_tensor_v2's ", what, " is ", kind_name(value.kind),
+              " rather than a tuple of at most ", kMaxArchiveTensorDims, " ints");
+    }
+    std::vector<std::uint64_t> result;
+    for (const Value& item : value.node->items) {
+      if (item.kind != Value::Kind::kInt || item.integer < 0 ||
+          item.integer > (std::int64_t{1} << 62)) {
+        fail_at(at, "_rebuild_tensor_v2's ", what, " hold ", kind_name(item.kind), " ",
+                item.integer, " where a non-negative int should be");
+      }
+      result.push_back(static_cast<std::uint64_t>(item.integer));
+    }
+    return result;
+  }
+
+  // REDUCE of _rebuild_tensor_v2(storage, offset, sizes, strides, requires_grad, hooks[, meta]).
+  Value rebuild_tensor(std::size_t at, const Value& args) {
+    if (args.kind != Value::Kind::kTuple || args.node->size < 6 || args.node->size > 7) {
+      fail_at(at, "_rebuild_tensor_v2 is called with ", kind_name(args.kind),
+              " rather than a tuple of 6 or 7 arguments");
+    }
+    const std::vector<Value>& items = args.node->items;
+    if (items[0].kind != Value::Kind::kStorage) {
+      fail_at(at, "_rebuild_tensor_v2's first argument is ", kind_name(items[0].kind),
+              " rather than a tensor record");
+    }
+    if (items[1].kind != Value::Kind::kInt || items[1].integer < 0) {
+      fail_at(at, "_rebuild_tensor_v2's storage offset is not a non-negative int");
+    }
+    const std::vector<std::uint64_t> sizes = int_tuple(at, items[2], "sizes");
+    const std::vector<std::uint64_t> strides = int_tuple(at, items[3], "strides");
+    if (sizes.size() != strides.size()) {
+      fail_at(at, "_rebuild_tensor_v2 has ", sizes.size(), " sizes but ", strides.size(),
+              " strides");
+    }
+    if (items[4].kind != Value::Kind::kBool) {
+      fail_at(at, "_rebuild_tensor_v2's requires_grad is ", kind_name(items[4].kind));
+    }
+    // The last element read is offset + sum((size - 1) * stride); it must be inside the storage.
+    const auto offset = static_cast<unsigned __int128>(items[1].integer);
+    unsigned __int128 last = offset;
+    bool empty = false;
+    for (std::size_t d = 0; d < sizes.size(); ++d) {
+      if (sizes[d] == 0) empty = true;
+      if (sizes[d] > 0) last += static_cast<unsigned __int128>(sizes[d] - 1) * strides[d];
+    }
+    if (!empty && last >= items[0].numel) {
+      fail_at(at, "_rebuild_tensor_v2 reads past its storage of ", items[0].numel,
+              " elements (storage offset ", items[1].integer, ", ", sizes.size(), " dimensions)");
+    }
+    if (empty && offset > items[0].numel) {
+      fail_at(at, "_rebuild_tensor_v2's storage offset ", items[1].integer,
+              " is past its storage of ", items[0].numel, " elements");
+    }
+    Value tensor;
+    tensor.kind = Value::Kind::kTensor;
+    return tensor;
+  }
+
+  void reduce(std::size_t at) {
+    const Value args = pop(at, kReduce);
+    const Value callable = pop(at, kReduce);
+    if (callable.kind != Value::Kind::kGlobal) {
+      fail_at(at, "REDUCE calls ", kind_name(callable.kind), " rather than an imported function");
+    }
+    if (args.kind != Value::Kind::kTuple) {
+      fail_at(at, "REDUCE's arguments are ", kind_name(args.kind), " rather than a tuple");
+    }
+    const std::vector<Value>& items = args.node->items;
+    switch (callable.callable) {
+      case Callable::kRebuildTensor:
+        push(at, rebuild_tensor(at, args));
+        return;
+      case Callable::kOrderedDict:
+        if (args.node->size != 0) fail_at(at, "OrderedDict is called with arguments");
+        push(at, container(Value::Kind::kDict));
+        return;
+      case Callable::kBuildList: {
+        if (args.node->size != 1 || items.size() != 1 || items[0].kind != Value::Kind::kList) {
+          fail_at(at,
+                  "a torch.jit._pickle list builder is called with something other than "
+                  "one list");
+        }
+        Value list = container(Value::Kind::kList);
+        place(at, *list.node, items[0]);
+        push(at, std::move(list));
+        return;
+      }
+      case Callable::kRestoreTypeTag: {
+        if (args.node->size != 2 || items.size() != 2 || items[1].kind != Value::Kind::kString) {
+          fail_at(at, "restore_type_tag is called with something other than a value and a type");
+        }
+        check_archive_type(items[1].text, entry_name_ + " (restore_type_tag)");
+        push(at, items[0]);
+        return;
+      }
+      default:
+        fail_at(at, "REDUCE calls ",
+                callable.callable == Callable::kClass ? "a class" : "a storage",
+                " type; LibTorch's archives only call tensor and list builders");
+    }
+  }
+
+  void step(std::size_t at, unsigned char op) {
+    switch (op) {
+      case kProto: {
+        if (at != 0) fail_at(at, "PROTO appears after the start of the pickle");
+        const auto protocol = take_le(at, op, 1);
+        if (protocol < 2 || protocol > 5) {
+          fail_at(at, "the pickle uses protocol ", protocol, "; LibTorch writes 2 to 5");
+        }
+        return;
+      }
+      case kFrame:
+        take(at, op, 8);  // a length hint; the opcodes that follow are checked one by one
+        return;
+      case kMark:
+        if (marks_.size() + 1 > kMaxArchiveNesting) {
+          fail_at(at, "MARKs nest more than ", kMaxArchiveNesting, " deep");
+        }
+        marks_.push_back(stack_.size());
+        return;
+      case kNone:
+        push(at, Value{});
+        return;
+      case kNewTrue:
+      case kNewFalse: {
+        Value value;
+        value.kind = Value::Kind::kBool;
+        value.integer = op == kNewTrue;
+        push(at, std::move(value));
+        return;
+      }
+      case kBinInt:
+      case kBinInt1:
+      case kBinInt2:
+      case kLong1: {
+        Value value;
+        value.kind = Value::Kind::kInt;
+        if (op == kBinInt) {
+          value.integer = static_cast<std::int32_t>(take_le(at, op, 4));
+        } else if (op == kBinInt1) {
+          value.integer = static_cast<std::int64_t>(take_le(at, op, 1));
+        } else if (op == kBinInt2) {
+          value.integer = static_cast<std::int64_t>(take_le(at, op, 2));
+        } else {
+          const auto width = static_cast<int>(take_le(at, op, 1));
+          if (width > 8) fail_at(at, "LONG1 has ", width, " bytes; LibTorch's ints have 8");
+          std::uint64_t raw = width == 0 ? 0 : take_le(at, op, width);
+          if (width > 0 && width < 8 && (raw >> (8 * width - 1)) & 1u) {
+            raw |= ~std::uint64_t{0} << (8 * width);  // sign-extend
+          }
+          value.integer = static_cast<std::int64_t>(raw);
+        }
+        push(at, std::move(value));
+        return;
+      }
+      case kBinFloat: {
+        take(at, op, 8);
+        Value value;
+        value.kind = Value::Kind::kFloat;
+        push(at, std::move(value));
+        return;
+      }
+      case kBinUnicode:
+      case kShortBinUnicode: {
+        const std::uint64_t length = take_le(at, op, op == kBinUnicode ? 4 : 1);
+        if (length > data_.size() - pos_) {
+          fail_at(at, "a string of ", length, " bytes runs past the end of the pickle (",
+                  data_.size() - pos_, " bytes left)");
+        }
+        const std::string_view text = take(at, op, static_cast<std::size_t>(length));
+        const std::size_t bad = utf8_error_offset(text);
+        if (bad != text.size()) {
+          fail_at(at, "a string is not UTF-8 (byte ", bad, " of it)");
+        }
+        Value value;
+        value.kind = Value::Kind::kString;
+        value.text = text;
+        push(at, std::move(value));
+        return;
+      }
+      case kGlobal:
+        global(at);
+        return;
+      case kBinPersId:
+        persistent_id(at);
+        return;
+      case kReduce:
+        reduce(at);
+        return;
+      case kEmptyTuple:
+        push(at, tuple_of(at, {}));
+        return;
+      case kTuple:
+        push(at, tuple_of(at, pop_mark(at, op)));
+        return;
+      case kTuple1:
+      case kTuple2:
+      case kTuple3: {
+        const std::size_t n = op - kTuple1 + 1u;
+        std::vector<Value> items(n);
+        for (std::size_t k = n; k-- > 0;) items[k] = pop(at, op);
+        push(at, tuple_of(at, std::move(items)));
+        return;
+      }
+      case kEmptyList:
+        push(at, container(Value::Kind::kList));
+        return;
+      case kEmptyDict:
+        push(at, container(Value::Kind::kDict));
+        return;
+      case kAppend: {
+        const Value item = pop(at, op);
+        Node& list = mutable_target(at, op, top(at, op), {Value::Kind::kList});
+        place(at, list, item);
+        return;
+      }
+      case kAppends: {
+        const std::vector<Value> items = pop_mark(at, op);
+        Node& list = mutable_target(at, op, top(at, op), {Value::Kind::kList});
+        for (const Value& item : items) place(at, list, item);
+        return;
+      }
+      case kSetItem: {
+        const Value value = pop(at, op);
+        const Value key = pop(at, op);
+        Node& dict = mutable_target(at, op, top(at, op), {Value::Kind::kDict});
+        place(at, dict, key);
+        place(at, dict, value);
+        return;
+      }
+      case kSetItems: {
+        const std::vector<Value> items = pop_mark(at, op);
+        if (items.size() % 2 != 0) {
+          fail_at(at, "SETITEMS has ", items.size(), " values; keys and values come in pairs");
+        }
+        Node& dict = mutable_target(at, op, top(at, op), {Value::Kind::kDict});
+        for (const Value& item : items) place(at, dict, item);
+        return;
+      }
+      case kNewObj: {
+        const Value args = pop(at, op);
+        const Value cls = pop(at, op);
+        if (cls.kind != Value::Kind::kGlobal || cls.callable != Callable::kClass) {
+          fail_at(at, "NEWOBJ creates ", kind_name(cls.kind),
+                  " rather than an instance of a __torch__ class");
+        }
+        if (args.kind != Value::Kind::kTuple || args.node->size != 0) {
+          fail_at(at, "NEWOBJ passes arguments; LibTorch's archives create objects without any");
+        }
+        push(at, container(Value::Kind::kObject));
+        return;
+      }
+      case kBuild: {
+        const Value state = pop(at, op);
+        Node& object = mutable_target(at, op, top(at, op), {Value::Kind::kObject});
+        place(at, object, state);
+        return;
+      }
+      case kBinPut:
+      case kLongBinPut:
+        memo_put(at, op, take_le(at, op, op == kBinPut ? 1 : 4));
+        return;
+      case kMemoize:
+        memo_put(at, op, memo_.size());
+        return;
+      case kBinGet:
+      case kLongBinGet:
+        memo_get(at, op, take_le(at, op, op == kBinGet ? 1 : 4));
+        return;
+      default:
+        fail_at(at, describe_pickle_opcode(op),
+                " is not used by LibTorch's archives; the entry is damaged or was not written by "
+                "LibTorch");
+    }
+  }
+
+  std::string_view data_;
+  std::string entry_name_;
+  const ArchiveRecordSize& record_size_;
+  std::size_t pos_ = 0;
+  std::vector<Value> stack_;
+  std::vector<std::size_t> marks_;  // stack sizes at each open MARK
+  std::vector<Value> memo_;
+};
+
+// ---- code ----
+
+// A string literal at `pos` of `line` ("..." with backslash escapes); returns the position after.
+std::size_t skip_string_literal(std::string_view line, std::size_t pos) {
+  if (pos >= line.size() || line[pos] != '"') return std::string_view::npos;
+  for (++pos; pos < line.size(); ++pos) {
+    if (line[pos] == '\\') {
+      ++pos;
+    } else if (line[pos] == '"') {
+      return pos + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
+// `[` ("...", )* `]`: the lists of parameter and buffer names.
+bool is_name_list(std::string_view text) {
+  if (text.size() < 2 || text.front() != '[' || text.back() != ']') return false;
+  std::size_t pos = 1;
+  while (pos < text.size() - 1) {
+    pos = skip_string_literal(text, pos);
+    if (pos == std::string_view::npos || pos + 2 > text.size() - 1 || text[pos] != ',' ||
+        text[pos + 1] != ' ') {
+      return false;
+    }
+    pos += 2;
+  }
+  return pos == text.size() - 1;
+}
+
+std::string zlib_inflate(std::string_view compressed, std::uint64_t size, const ZipEntry& entry) {
+  std::string out(static_cast<std::size_t>(size), '\0');
+  z_stream stream{};
+  if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) fail("zlib could not start inflating");
+  stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(compressed.data()));
+  stream.avail_in = static_cast<uInt>(compressed.size());
+  stream.next_out = reinterpret_cast<Bytef*>(out.data());
+  stream.avail_out = static_cast<uInt>(out.size());
+  const int status = inflate(&stream, Z_FINISH);
+  const std::uint64_t produced = stream.total_out;
+  inflateEnd(&stream);
+  if (status != Z_STREAM_END || produced != size) {
+    fail("zip entry ", quoted(entry.name), " does not inflate to the ", size,
+         " bytes its record promises (zlib status ", status, " after ", produced,
+         " bytes); its bytes are damaged");
+  }
+  return out;
+}
+
+// An entry's bytes: stored ones as they are, deflated ones inflated; the CRC-32 checked.
+std::string entry_bytes(std::string_view file, const ZipEntry& entry, std::size_t limit) {
+  if (entry.size > limit) {
+    fail("zip entry ", quoted(entry.name), " is ", entry.size, " bytes; at most ", limit,
+         " are read");
+  }
+  const std::string_view raw = file.substr(entry.data_offset, entry.compressed_size);
+  std::string bytes = entry.method == 0 ? std::string(raw) : zlib_inflate(raw, entry.size, entry);
+  const std::uint32_t crc = crc32(bytes);
+  if (crc != entry.crc32) {
+    fail("zip entry ", quoted(entry.name), " has CRC-32 ", crc, " but the archive records ",
+         entry.crc32, "; its bytes are damaged");
+  }
+  return bytes;
+}
+
+}  // namespace
+
+void check_archive_type(std::string_view type, std::string_view where) {
+  TypeParser(type, where).run();
+}
+
+void check_archive_pickle(std::string_view pickle, std::string_view entry_name,
+                          const ArchiveRecordSize& record_size) {
+  ArchivePickleScanner(pickle, entry_name, record_size).run();
+}
+
+void check_archive_code(std::string_view code, std::string_view entry_name) {
+  const std::string entry = printable_text(entry_name);
+  std::size_t start = 0;
+  for (std::size_t number = 1; start < code.size(); ++number) {
+    std::size_t end = code.find('\n', start);
+    if (end == std::string_view::npos) end = code.size();
+    const std::string_view line = code.substr(start, end - start);
+    start = end + 1;
+    const std::string where = entry + " line " + std::to_string(number);
+    const auto refuse = [&] {
+      fail(where, " is ", quoted(line),
+           ", which is not a line LibTorch writes for an archive (only class headers, "
+           "__parameters__, __buffers__, __annotations__ and attribute types)");
+    };
+    if (line.empty()) continue;
+    if (starts_with(line, "class ")) {
+      const std::size_t open = line.find('(');
+      if (open == std::string_view::npos || !ends_with(line, "):") ||
+          !is_identifier(line.substr(6, open - 6)) ||
+          !is_dotted_name(line.substr(open + 1, line.size() - open - 3))) {
+        refuse();
+      }
+      continue;
+    }
+    if (!starts_with(line, "  ")) refuse();
+    const std::string_view body = line.substr(2);
+    if (starts_with(body, "__parameters__ = ") || starts_with(body, "__buffers__ = ")) {
+      if (!is_name_list(body.substr(body.find('=') + 2))) refuse();
+    } else if (body == "__annotations__ = []") {
+    } else if (starts_with(body, "__annotations__[")) {
+      const std::size_t after = skip_string_literal(body, 16);
+      if (after == std::string_view::npos || body.substr(after, 4) != "] = ") refuse();
+      check_archive_type(body.substr(after + 4), where);
+    } else {
+      const std::size_t colon = body.find(" : ");
+      if (colon == std::string_view::npos || !is_identifier(body.substr(0, colon))) refuse();
+      check_archive_type(body.substr(colon + 3), where);
+    }
+  }
+}
+
+void check_archive(std::string_view file) {
+  const std::vector<ZipEntry> entries = read_zip_directory(file, 0xfffe);
+  if (entries.empty()) fail("the zip archive has no entries; it should hold data.pkl");
+  const std::string& first = entries.front().name;
+  const std::size_t slash = first.find('/');
+  if (slash == std::string::npos || slash == 0) {
+    fail("zip entry ", quoted(first),
+         " is not inside a directory; LibTorch puts every entry under one (like 'x/data.pkl')");
+  }
+  const std::string prefix = first.substr(0, slash + 1);
+  std::map<std::string_view, const ZipEntry*> by_name;
+  for (const ZipEntry& entry : entries) {
+    if (!starts_with(entry.name, prefix)) {
+      fail("zip entry ", quoted(entry.name), " is outside the directory ", quoted(prefix),
+           " that holds the first entry; LibTorch puts every entry under one directory");
+    }
+    if (entry.method != 0 && entry.method != 8) {
+      fail("zip entry ", quoted(entry.name), " uses compression method ", entry.method,
+           "; LibTorch's archives are stored (0) or deflated (8)");
+    }
+    if (entry.method == 0 && entry.compressed_size != entry.size) {
+      fail("zip entry ", quoted(entry.name), " is stored but records ", entry.compressed_size,
+           " bytes in the file and ", entry.size, " bytes of content");
+    }
+    if (!by_name.emplace(std::string_view(entry.name).substr(prefix.size()), &entry).second) {
+      fail("zip entry ", quoted(entry.name), " appears twice in the archive");
+    }
+  }
+  if (by_name.count("data.pkl") == 0) {
+    fail("the zip archive has no entry ", quoted(prefix + "data.pkl"),
+         "; it is not a LibTorch archive");
+  }
+  const ArchiveRecordSize record_size = [&](std::string_view name) -> std::optional<std::uint64_t> {
+    const auto it = by_name.find(name);
+    if (it == by_name.end() || it->second->method != 0) return std::nullopt;
+    return it->second->size;
+  };
+  for (const auto& [name, entry] : by_name) {
+    if (ends_with(name, ".pkl") || ends_with(name, ".debug_pkl")) {
+      if (entry->method != 0) {
+        fail("zip entry ", quoted(entry->name),
+             " is compressed; LibTorch stores pickles as they are");
+      }
+      const std::string bytes = entry_bytes(file, *entry, kMaxArchivePickleSize);
+      check_archive_pickle(bytes, entry->name, record_size);
+    } else if (starts_with(name, "code/")) {
+      if (!ends_with(name, ".py")) {
+        fail("zip entry ", quoted(entry->name), " in code/ is not a .py file or its debug_pkl");
+      }
+      check_archive_code(entry_bytes(file, *entry, kMaxArchiveCodeSize), entry->name);
+    } else if (starts_with(name, "data/") || starts_with(name, "constants/")) {
+      if (entry->method != 0) {
+        fail("zip entry ", quoted(entry->name),
+             " holds tensor data but is compressed; LibTorch stores tensor data as it is");
+      }
+    } else if (name == "version" || name == ".data/version") {
+      const std::string text = entry_bytes(file, *entry, kMaxArchiveRecordSize);
+      std::string_view digits = text;
+      if (!digits.empty() && digits.back() == '\n') digits.remove_suffix(1);
+      if (digits.empty() || digits.size() > 4 ||
+          !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        fail("zip entry ", quoted(entry->name), " is ", quoted(text),
+             " rather than a format version number");
+      }
+    } else {
+      // byteorder, .data/serialization_id, extra/...: LibTorch reads them whole.
+      entry_bytes(file, *entry, kMaxArchiveRecordSize);
+    }
+  }
+}
+
+}  // namespace amp::detail
