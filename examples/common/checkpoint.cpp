@@ -1,6 +1,7 @@
 // The examples' checkpoint files: atomic saves, sections, generator state, and checked reads.
 #include "checkpoint.h"
 
+#include <amp/archive.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
@@ -78,10 +79,11 @@ void write_settings(torch::serialize::OutputArchive& archive,
 CheckpointReader::CheckpointReader(std::filesystem::path path, c10::Device device,
                                    std::string program)
     : path_(std::move(path)), program_(std::move(program)) {
-  // LibTorch's reader reports damage with c10::Error, but also with std::out_of_range, parser
-  // errors and std::bad_alloc: every one of them means the same to the user.
+  // amp::load_archive checks the file before LibTorch's reader parses it (a damaged checkpoint
+  // is refused instead of crashing the program) and reports what LibTorch then refuses with a
+  // c10::Error; anything else (std::bad_alloc) means the same to the user.
   try {
-    archive_.load_from(path_.string(), device);
+    archive_ = amp::load_archive(path_.string(), device);
   } catch (const std::exception& error) {
     throw SetupError(
         fmt::format("cannot read the checkpoint '{}' (damaged, truncated or not a "

@@ -190,6 +190,22 @@ TEST_CASE("A file that is not a checkpoint is refused when it is opened", "[exam
   CHECK_THROWS_WITH(CheckpointReader(path, torch::kCPU, "prog"),
                     StartsWith("cannot read the checkpoint '" + path.string() +
                                "' (damaged, truncated or not a checkpoint): "));
+
+  // A damaged checkpoint is refused by amp's check before LibTorch's reader parses it (a
+  // storage type LibTorch does not know crashed its reader).
+  const fs::path damaged = dir.path() / "run.pt";
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(7);
+  save_example(damaged, 1, generator);
+  std::string bytes = read_text(damaged);
+  const auto at = bytes.find("FloatStorage");
+  REQUIRE(at != std::string::npos);
+  bytes.replace(at, 12, "FlootStorage");
+  write_text(damaged, bytes);
+  CHECK_THROWS_WITH(
+      CheckpointReader(damaged, torch::kCPU, "prog"),
+      StartsWith("cannot read the checkpoint '" + damaged.string() +
+                 "' (damaged, truncated or not a checkpoint): amp::check_archive: '") &&
+          Catch::Matchers::Contains("its bytes are damaged"));
 }
 
 TEST_CASE("A section that cannot be loaded is a SetupError naming the entry and the file",
