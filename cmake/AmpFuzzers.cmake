@@ -24,8 +24,12 @@ function(amp_add_fuzzer name)
 endfunction()
 
 amp_add_fuzzer(state_file "${PROJECT_SOURCE_DIR}/src/scaler/state_file.cpp")
-# The examples' IDX reader (raw and gzip), with the zlib and fmt the examples use.
+# The archive checker, with the state-file reader's zip code and zlib.
 find_package(ZLIB REQUIRED)
+amp_add_fuzzer(archive "${PROJECT_SOURCE_DIR}/src/serialize/archive_check.cpp"
+  "${PROJECT_SOURCE_DIR}/src/scaler/state_file.cpp")
+target_link_libraries(archive_fuzz PRIVATE ZLIB::ZLIB)
+# The examples' IDX reader (raw and gzip), with the zlib and fmt the examples use.
 find_package(fmt REQUIRED)
 amp_add_fuzzer(idx "${PROJECT_SOURCE_DIR}/examples/common/idx.cpp")
 target_include_directories(idx_fuzz PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")
