@@ -352,6 +352,34 @@ TEST_CASE("The update rule follows PyTorch's own sequence", "[scaler]") {
   CHECK(iteration(INFINITY) == Expected(0, 2.0));
 }
 
+TEST_CASE("Backing off stops at float32's smallest normal scale, so parameters stay finite",
+          "[scaler]") {
+  // torch.amp backs off to denormals and 0; then 1/scale is inf, zero gradients unscale to NaN
+  // without being flagged, and the next step writes NaN into the parameters (checked in the
+  // venv: backoff_factor 1e-50, one overflow, then SGD makes every parameter NaN).
+  const float smallest = std::numeric_limits<float>::min();
+  for (const double backoff : {1e-50, 0.5}) {
+    INFO("backoff_factor " << backoff);
+    auto scaler = cpu_scaler(GradScalerOptions().init_scale(1024.0).backoff_factor(backoff));
+    auto param = make_param(2);
+    torch::optim::SGD optimizer({param}, 0.1);
+    for (int overflow = 0; overflow < 200; ++overflow) {
+      scaler.scale((param * 2).sum()).backward();
+      param.mutable_grad()[0] = INFINITY;
+      scaler.step(optimizer);
+      scaler.update();
+      optimizer.zero_grad();
+    }
+    CHECK(scaler.get_scale() == static_cast<double>(smallest));
+    // A clean step at the floor: the scaled loss's gradients unscale to finite values.
+    scaler.scale((param * 0).sum()).backward();
+    scaler.step(optimizer);
+    scaler.update();
+    CHECK(torch::equal(param, torch::ones({2})));
+    CHECK(scaler.get_scale() == static_cast<double>(smallest));
+  }
+}
+
 TEST_CASE("Growth never reaches inf, starting from 1e38", "[scaler]") {
   auto scaler = cpu_scaler(GradScalerOptions().init_scale(1e38).growth_interval(1));
   auto param = make_param(1);

@@ -46,6 +46,9 @@ void update_scale_aten(const UpdateState& state, const UpdateRule& rule) {
   at::Tensor tracker = state.growth_tracker;
   at::_amp_update_scale_(scale, tracker, state.found_inf, rule.growth_factor, rule.backoff_factor,
                          rule.growth_interval);
+  // The floor amp's kernels apply (update_rule.h): a growth never lowers the scale, so clamping
+  // afterwards only touches a back-off that went below it.
+  scale.clamp_min_(kSmallestScale);
 }
 
 // grad * inv_scale in the op's compute type (float32, or float64 for float64 grads), squared

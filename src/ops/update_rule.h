@@ -22,6 +22,9 @@ struct UpdateRule {
   double max_scale;
 };
 
+/// The smallest scale an update backs off to: float32's smallest normal value, 2^-126.
+constexpr float kSmallestScale = 1.17549435082228750797e-38f;
+
 /// NaN-propagating max/min with a float bound, as ATen's clamp_min/clamp_max on float tensors.
 inline AMP_HOST_DEVICE float clamp_below(float value, float bound) {
   return std::isnan(value) ? value : (value < bound ? bound : value);
@@ -32,7 +35,8 @@ inline AMP_HOST_DEVICE float clamp_above(float value, float bound) {
 
 /// Updates *scale and *tracker in place from found_inf (NaN counts as found, as a C++ truth test
 /// of a float does in ATen); products are formed in double and rounded once to float32.
-/// With hysteresis 1 and no bounds this is torch.amp's rule (ATen's _amp_update_scale_): back off
+/// With hysteresis 1 and no bounds this is torch.amp's rule (ATen's _amp_update_scale_), except
+/// that a back-off stops at kSmallestScale where ATen's goes on to denormals and 0: back off
 /// on an overflow, else count a clean step and grow, only to a finite value, every
 /// growth_interval clean steps. `remaining` (the hysteresis allowance) may be null when
 /// rule.hysteresis is 1; `counters` may be null, else [steps taken, steps skipped, consecutive
@@ -52,6 +56,10 @@ inline AMP_HOST_DEVICE void apply_update_rule(float* scale, int32_t* tracker, in
   float next = *scale;
   if (back_off) {
     next = static_cast<float>(*scale * rule.backoff_factor);
+    // Never below float32's smallest normal value (2^-126): below it 1/scale overflows to inf
+    // and unscaling turns zero gradients into NaN without flagging them, so a long run of
+    // overflows (or a tiny backoff_factor) would write NaN into the parameters, as torch.amp does.
+    next = clamp_below(next, kSmallestScale);
     if (rule.min_scale > 0) next = clamp_below(next, static_cast<float>(rule.min_scale));
   } else if (grow) {
     float candidate = static_cast<float>(*scale * rule.growth_factor);

@@ -9,8 +9,7 @@ namespace amp_test {
 
 void reference_update_scale_extended_(at::Tensor& scale, at::Tensor& growth_tracker,
                                       at::Tensor& hysteresis_remaining, at::Tensor& counters,
-                                      const at::Tensor& found_inf,
-                                      const UpdateOptions& params) {
+                                      const at::Tensor& found_inf, const UpdateOptions& params) {
   const at::Tensor found = found_inf.ne(0);
   const at::Tensor clean = found.logical_not();
 
@@ -22,7 +21,9 @@ void reference_update_scale_extended_(at::Tensor& scale, at::Tensor& growth_trac
   // Products are formed in double and rounded once to float32, exactly as ATen's update does,
   // so hysteresis 1 without bounds reproduces torch.amp bit for bit.
   const at::Tensor scale64 = scale.to(at::kDouble);
-  at::Tensor backed = (scale64 * params.backoff_factor).to(at::kFloat);
+  // amp stops backing off at float32's smallest normal value (ATen goes on to 0).
+  at::Tensor backed =
+      (scale64 * params.backoff_factor).to(at::kFloat).clamp_min(std::numeric_limits<float>::min());
   if (params.min_scale > 0) backed = backed.clamp_min(params.min_scale);
 
   const at::Tensor successful = growth_tracker + 1;
