@@ -3,6 +3,7 @@
 //
 //   amp_load_campaign --python PY --files N [--seed S] [--raw] [--keep DIR]
 //   amp_load_campaign --write-seeds DIR      (the archive fuzz target's seed corpus)
+//   amp_load_campaign --replay KIND FILE     (one kept input, in this process, saying why)
 //
 // Kinds: a C++ save_state_dict file; Python's torch.save(scaler.state_dict()) with a float and
 // with an int scale; a torch::save(scaler) archive; a checkpoint archive (model, optimizer,
@@ -115,7 +116,7 @@ std::vector<amp::GradScaler> make_scalers() {
 // The child: loads `path` (of `kind`) into the scalers. Returns how many accepted it, or an
 // Exit code.
 int load_into_scalers(const fs::path& path, const std::string& kind, bool raw,
-                      std::vector<amp::GradScaler>& scalers) {
+                      std::vector<amp::GradScaler>& scalers, bool verbose = false) {
   int accepted = 0;
   bool other_exception = false;
   for (amp::GradScaler& scaler : scalers) {
@@ -134,11 +135,13 @@ int load_into_scalers(const fs::path& path, const std::string& kind, bool raw,
         }
         archive >> scaler;
       }
-    } catch (const c10::Error&) {
+    } catch (const c10::Error& error) {
+      if (verbose) std::printf("refused: %s\n", error.msg().c_str());
       if (snapshot(scaler) != before) return kChanged;
       continue;
-    } catch (const std::exception&) {
+    } catch (const std::exception& error) {
       // LibTorch's reader (--raw) also throws std::out_of_range and parser errors.
+      if (verbose) std::printf("refused (%s)\n", error.what());
       if (snapshot(scaler) != before) return kChanged;
       other_exception = other_exception || !raw;
       continue;
@@ -149,9 +152,11 @@ int load_into_scalers(const fs::path& path, const std::string& kind, bool raw,
       train(scaler, 4);
       const double scale = scaler.get_scale();
       if (!(scale > 0) || !std::isfinite(scale)) return kInvalidAccepted;
-    } catch (const std::exception&) {
+    } catch (const std::exception& error) {
+      if (verbose) std::printf("accepted, then failed: %s\n", error.what());
       return kInvalidAccepted;
     }
+    if (verbose) std::printf("accepted: %s\n", snapshot(scaler).c_str());
     ++accepted;
   }
   return other_exception ? kOtherException : accepted;
@@ -426,6 +431,17 @@ int main(int argc, char** argv) {
       return argv[++k];
     };
     if (arg == "--write-seeds") return write_seeds(next());
+    if (arg == "--replay") {
+      const std::string kind = next();
+      const fs::path file = next();
+      std::vector<amp::GradScaler> scalers = make_scalers();
+      const int result = load_into_scalers(file, kind, raw, scalers, /*verbose=*/true);
+      std::printf(
+          "result: %d (0-4: scalers that accepted it; 10 changed on refusal, 11 invalid "
+          "accepted, 12 other exception)\n",
+          result);
+      return result > 4 ? 1 : 0;
+    }
     if (arg == "--python") {
       python = next();
     } else if (arg == "--files") {

@@ -1,6 +1,7 @@
 // Fault-injection soak of GradScaler with LibTorch's SGD and amp's FusedAdamW: inf/NaN injected
 // into random gradients, random update(new_scale) calls, extension options switched per segment,
-// and checkpoints written by a forked child that is SIGKILLed at random points of the save.
+// fp16 autocast in two segment kinds (whose gradients overflow on their own once the scale has
+// grown), and checkpoints written by a forked child that is SIGKILLed at random points of the save.
 // Invariants checked every step, and every surviving checkpoint resumed bit for bit.
 //
 // Usage: amp_scaler_soak [--steps N] [--segment N] [--checkpoint-every N] [--seed S] [--dir D]
@@ -33,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include <amp/autocast.h>
 #include <amp/grad_scaler.h>
 #include <amp/optim.h>
 
@@ -48,21 +50,23 @@ struct Args {
   fs::path dir = fs::temp_directory_path() / ("amp_soak_" + std::to_string(::getpid()));
 };
 
-// One segment's configuration: the optimizer and the scaler's extension options.
+// One segment's configuration: the optimizer, the scaler's extension options, and whether the
+// forward pass runs under fp16 autocast.
 struct Config {
   const char* name;
   bool fused;
   amp::GradScalerOptions options;
+  bool fp16 = false;
 };
 
 std::vector<Config> configs() {
   const auto base = amp::GradScalerOptions().init_scale(1024.0).growth_interval(7);
   return {
-      {"SGD, torch.amp's rule", false, base},
+      {"SGD, torch.amp's rule, fp16 autocast", false, base, true},
       {"FusedAdamW, torch.amp's rule", true, base},
       {"SGD, hysteresis 3", false, amp::GradScalerOptions(base).hysteresis(3)},
-      {"FusedAdamW, hysteresis 2 consecutive", true,
-       amp::GradScalerOptions(base).hysteresis(2).consecutive_hysteresis(true)},
+      {"FusedAdamW, hysteresis 2 consecutive, fp16 autocast", true,
+       amp::GradScalerOptions(base).hysteresis(2).consecutive_hysteresis(true), true},
       {"SGD, bounds [1, 2^16] and counters", false,
        amp::GradScalerOptions(base).min_scale(1.0).max_scale(65536.0).track_counters(true)},
       {"FusedAdamW, bounds [2^-4, 2^20], hysteresis 2, counters", true,
@@ -215,7 +219,12 @@ class Soak {
     const auto y = torch::randn({8, 4}, gen);
     const StepPlan plan = plan_for(args_.seed, step, config.options);
     t.optimizer->zero_grad();
-    const auto loss = torch::nn::functional::mse_loss(t.second(torch::relu(t.first(x))), y);
+    torch::Tensor loss;
+    {
+      std::optional<amp::AutocastGuard> autocast;
+      if (config.fp16) autocast.emplace(c10::DeviceType::CPU, at::kHalf);
+      loss = torch::nn::functional::mse_loss(t.second(torch::relu(t.first(x))), y);
+    }
     t.scaler->scale(loss).backward();
     std::vector<torch::Tensor> params = t.parameters();
     if (plan.inject) {
