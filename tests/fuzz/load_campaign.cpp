@@ -483,6 +483,8 @@ int main(int argc, char** argv) {
     const pid_t child = fork();
     if (child == 0) {
       alarm(10);
+#ifndef __SANITIZE_ADDRESS__  // ASan reserves terabytes of shadow memory and enforces its own
+                              // limits
       rlimit limit{};
       getrlimit(RLIMIT_AS, &limit);
       std::ifstream status("/proc/self/statm");
@@ -492,6 +494,7 @@ int main(int argc, char** argv) {
           static_cast<rlim_t>(pages) * sysconf(_SC_PAGESIZE) + (rlim_t{2} << 30);
       limit.rlim_cur = allowance;
       setrlimit(RLIMIT_AS, &limit);
+#endif
       try {
         _exit(load_into_scalers(path, base.kind, raw, scalers));
       } catch (const std::exception& error) {
