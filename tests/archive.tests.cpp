@@ -17,6 +17,7 @@
 #include <amp/optim.h>
 
 #include "serialize/archive_check.h"
+#include "support/checkpoints.h"
 
 using amp::detail::check_archive_code;
 using amp::detail::check_archive_pickle;
@@ -82,24 +83,6 @@ amp::GradScaler cpu_scaler(amp::GradScalerOptions options = {}) {
   return amp::GradScaler(c10::DeviceType::CPU, options);
 }
 
-// A checkpoint as the examples write it: a model, an optimizer, the scaler and a setting.
-std::string checkpoint_bytes(const amp::GradScaler& scaler) {
-  torch::nn::Sequential model(torch::nn::Linear(4, 3), torch::nn::ReLU(), torch::nn::Linear(3, 2));
-  torch::optim::AdamW optimizer(model->parameters(), 0.1);
-  model->forward(torch::ones({2, 4})).sum().backward();
-  optimizer.step();
-  torch::serialize::OutputArchive checkpoint, model_archive, optimizer_archive;
-  model->save(model_archive);
-  optimizer.save(optimizer_archive);
-  checkpoint.write("model", model_archive);
-  checkpoint.write("optimizer", optimizer_archive);
-  checkpoint << scaler;
-  checkpoint.write("format", c10::IValue(std::int64_t{3}));
-  std::ostringstream out;
-  checkpoint.save_to(out);
-  return out.str();
-}
-
 // A pickle from opcodes: PROTO 2, `body`, STOP.
 std::string pickle(const std::string& body) { return std::string("\x80\x02", 2) + body + "."; }
 
@@ -124,7 +107,7 @@ TEST_CASE("What LibTorch writes passes the archive check and loads through amp::
   CHECK(loaded.options().hysteresis() == 3);
 
   // A checkpoint with a nested model, an AdamW state and the scaler.
-  write_file(path, checkpoint_bytes(scaler));
+  write_file(path, amp_test::checkpoint_archive_bytes(scaler));
   torch::serialize::InputArchive archive = amp::load_archive(path.string());
   auto resumed = cpu_scaler();
   archive >> resumed;
@@ -169,7 +152,7 @@ TEST_CASE("What LibTorch writes passes the archive check and loads through amp::
 
 TEST_CASE("Archives that reach LibTorch's crashes and hangs are refused first", "[archive]") {
   const auto path = temp_path("bad.pt");
-  const std::string good = checkpoint_bytes(cpu_scaler());
+  const std::string good = amp_test::checkpoint_archive_bytes(cpu_scaler());
   const auto refused = [&](const std::string& bytes) {
     write_file(path, bytes);
     try {

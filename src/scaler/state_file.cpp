@@ -370,10 +370,10 @@ const char* kind_name(const Item& item) {
 // The dict, a MARK and at most kMaxStateEntries keys and values are ever pending.
 constexpr std::size_t kMaxStackItems = 2 * kMaxStateEntries + 2;
 
-class PickleReader {
+class PickleReader : PickleCursor {
  public:
   PickleReader(std::string_view data, std::string_view entry_name)
-      : data_(data), entry_name_(printable(entry_name)) {}
+      : PickleCursor(data, entry_name, "the file is truncated") {}
 
   StateEntries run() {
     if (data_.empty()) fail(entry_name_, " is empty; it should hold the pickled state dict");
@@ -396,25 +396,6 @@ class PickleReader {
   }
 
  private:
-  template <typename... Args>
-  [[noreturn]] void fail_at(std::size_t offset, const Args&... args) const {
-    fail(entry_name_, " byte ", offset, ": ", args...);
-  }
-
-  // The argument bytes of the opcode at `at`.
-  std::string_view take(std::size_t at, unsigned char op, std::size_t n) {
-    if (data_.size() - pos_ < n) {
-      fail_at(at, describe(op), " needs ", n, " argument bytes but the pickle ends after ",
-              data_.size() - pos_, "; the file is truncated");
-    }
-    const std::string_view bytes = data_.substr(pos_, n);
-    pos_ += n;
-    return bytes;
-  }
-  std::uint64_t take_le(std::size_t at, unsigned char op, int width) {
-    return read_le(take(at, op, static_cast<std::size_t>(width)), 0, width);
-  }
-
   void push(Item item, unsigned char op) {
     if (!have_dict_) {
       fail_at(item.offset, describe(op),
@@ -644,9 +625,6 @@ class PickleReader {
     }
   }
 
-  std::string_view data_;
-  std::string entry_name_;
-  std::size_t pos_ = 0;
   bool have_dict_ = false;
   std::vector<Item> stack_;
   std::map<std::uint64_t, Item> memo_;
@@ -661,6 +639,20 @@ std::uint32_t crc32(std::string_view bytes) {
   for (char byte : bytes)
     c = kCrc32Table[(c ^ static_cast<unsigned char>(byte)) & 0xffu] ^ (c >> 8);
   return c ^ 0xffffffffu;
+}
+
+std::string_view PickleCursor::take(std::size_t at, unsigned char op, std::size_t n) {
+  if (data_.size() - pos_ < n) {
+    fail_at(at, describe(op), " needs ", n, " argument bytes but the pickle ends after ",
+            data_.size() - pos_, "; ", truncated_);
+  }
+  const std::string_view bytes = data_.substr(pos_, n);
+  pos_ += n;
+  return bytes;
+}
+
+std::uint64_t PickleCursor::take_le(std::size_t at, unsigned char op, int width) {
+  return read_le(take(at, op, static_cast<std::size_t>(width)), 0, width);
 }
 
 std::string printable_text(std::string_view text) { return printable(text); }

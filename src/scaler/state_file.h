@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -104,5 +105,34 @@ std::string printable_text(std::string_view text);
 std::string describe_pickle_opcode(unsigned char code);
 /// The offset of the first byte of `text` that is not well-formed UTF-8, or text.size().
 std::size_t utf8_error_offset(std::string_view text);
+
+/// A read position in one pickle, the base of both pickle readers: bounds-checked reads of an
+/// opcode's argument bytes and refusals that name the entry and the byte.
+class PickleCursor {
+ protected:
+  /// `entry_name` is quoted in messages; `truncated` says what a short pickle means ("the file
+  /// is truncated", "the entry is truncated").
+  PickleCursor(std::string_view data, std::string_view entry_name, std::string_view truncated)
+      : data_(data), entry_name_(printable_text(entry_name)), truncated_(truncated) {}
+
+  /// Throws StateFileError: "<entry> byte <offset>: <args...>".
+  template <typename... Args>
+  [[noreturn]] void fail_at(std::size_t offset, const Args&... args) const {
+    std::ostringstream message;
+    message << entry_name_ << " byte " << offset << ": ";
+    (message << ... << args);
+    throw StateFileError(message.str());
+  }
+
+  /// The next `n` argument bytes of the opcode `op` at `at`; refuses a pickle that ends first.
+  std::string_view take(std::size_t at, unsigned char op, std::size_t n);
+  /// The next `width` (1 to 8) bytes as a little-endian unsigned number.
+  std::uint64_t take_le(std::size_t at, unsigned char op, int width);
+
+  std::string_view data_;
+  std::string entry_name_;
+  std::string_view truncated_;
+  std::size_t pos_ = 0;  ///< the next byte to read
+};
 
 }  // namespace amp::detail

@@ -28,14 +28,6 @@ template <typename... Args>
 
 std::string quoted(std::string_view text) { return "'" + printable_text(text) + "'"; }
 
-std::uint64_t read_le(std::string_view bytes, int width) {
-  std::uint64_t value = 0;
-  for (int k = width - 1; k >= 0; --k) {
-    value = (value << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(k)]);
-  }
-  return value;
-}
-
 bool ends_with(std::string_view text, std::string_view suffix) {
   return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
 }
@@ -224,11 +216,11 @@ const char* kind_name(Value::Kind kind) {
 
 std::size_t depth_of(const Value& value) { return value.node ? value.node->depth : 0; }
 
-class ArchivePickleScanner {
+class ArchivePickleScanner : PickleCursor {
  public:
   ArchivePickleScanner(std::string_view data, std::string_view entry_name,
                        const ArchiveRecordSize& record_size)
-      : data_(data), entry_name_(printable_text(entry_name)), record_size_(record_size) {}
+      : PickleCursor(data, entry_name, "the entry is truncated"), record_size_(record_size) {}
 
   void run() {
     if (data_.empty()) fail(entry_name_, " is empty; it should hold a pickle");
@@ -256,24 +248,6 @@ class ArchivePickleScanner {
   }
 
  private:
-  template <typename... Args>
-  [[noreturn]] void fail_at(std::size_t offset, const Args&... args) const {
-    fail(entry_name_, " byte ", offset, ": ", args...);
-  }
-
-  std::string_view take(std::size_t at, unsigned char op, std::size_t n) {
-    if (data_.size() - pos_ < n) {
-      fail_at(at, describe_pickle_opcode(op), " needs ", n,
-              " argument bytes but the pickle ends after ", data_.size() - pos_,
-              "; the entry is truncated");
-    }
-    const std::string_view bytes = data_.substr(pos_, n);
-    pos_ += n;
-    return bytes;
-  }
-  std::uint64_t take_le(std::size_t at, unsigned char op, int width) {
-    return read_le(take(at, op, static_cast<std::size_t>(width)), width);
-  }
   // A GLOBAL argument: text up to a newline, at most 256 bytes.
   std::string_view take_line(std::size_t at) {
     const std::size_t limit = std::min<std::size_t>(data_.size() - pos_, 257);
@@ -752,10 +726,7 @@ class ArchivePickleScanner {
     }
   }
 
-  std::string_view data_;
-  std::string entry_name_;
   const ArchiveRecordSize& record_size_;
-  std::size_t pos_ = 0;
   std::vector<Value> stack_;
   std::vector<std::size_t> marks_;  // stack sizes at each open MARK
   std::vector<Value> memo_;

@@ -40,6 +40,7 @@
 #include <amp/grad_scaler.h>
 
 #include "scaler/state_file.h"
+#include "support/checkpoints.h"
 
 namespace fs = std::filesystem;
 
@@ -169,23 +170,6 @@ struct Base {
   std::string bytes;
 };
 
-std::string checkpoint_bytes(const amp::GradScaler& scaler) {
-  torch::nn::Sequential model(torch::nn::Linear(4, 3), torch::nn::ReLU(), torch::nn::Linear(3, 2));
-  torch::optim::AdamW optimizer(model->parameters(), 0.1);
-  model->forward(torch::ones({2, 4})).sum().backward();
-  optimizer.step();
-  torch::serialize::OutputArchive checkpoint, model_archive, optimizer_archive;
-  model->save(model_archive);
-  optimizer.save(optimizer_archive);
-  checkpoint.write("model", model_archive);
-  checkpoint.write("optimizer", optimizer_archive);
-  checkpoint << scaler;
-  checkpoint.write("format", c10::IValue(std::int64_t{3}));
-  std::ostringstream out;
-  checkpoint.save_to(out);
-  return out.str();
-}
-
 std::vector<Base> make_bases(const fs::path& dir, const std::string& python) {
   amp::GradScaler scaler(c10::DeviceType::CPU, extended());
   train(scaler, 5);
@@ -208,7 +192,7 @@ std::vector<Base> make_bases(const fs::path& dir, const std::string& python) {
   bases.push_back({"py-int", read_bytes(dir / "py-int.pt")});
   torch::save(scaler, (dir / "archive.pt").string());
   bases.push_back({"archive", read_bytes(dir / "archive.pt")});
-  bases.push_back({"checkpoint", checkpoint_bytes(scaler)});
+  bases.push_back({"checkpoint", amp_test::checkpoint_archive_bytes(scaler)});
   return bases;
 }
 
@@ -393,7 +377,7 @@ int write_seeds(const fs::path& dir) {
   amp::GradScaler scaler(c10::DeviceType::CPU, extended());
   train(scaler, 5);
   torch::save(scaler, (dir / "scaler_archive.pt").string());
-  write_bytes(dir / "checkpoint.pt", checkpoint_bytes(scaler));
+  write_bytes(dir / "checkpoint.pt", amp_test::checkpoint_archive_bytes(scaler));
   torch::save(std::vector<torch::Tensor>{torch::arange(6).reshape({2, 3}).t(),
                                          torch::ones({2}, torch::kHalf)},
               (dir / "tensors.pt").string());
