@@ -61,7 +61,11 @@ TEST_CASE("A flag is written alone, between options, and takes no value", "[exam
                     "option --verbose is a flag and takes no value; write --verbose alone");
 }
 
-TEST_CASE("--help and -h ask for the usage text instead of a run", "[examples]") {
+// (The name must not start with "--": ctest passes it to the test binary, which would read it as
+// its own --help and exit 0 without running the case.)
+TEST_CASE(
+    "The usage text: asked for by --help and -h instead of a run, one aligned line per option",
+    "[examples]") {
   Parsed parsed;
   const auto cli = make_cli(parsed);
   CHECK_FALSE(parse(cli, {"--help"}));
@@ -69,8 +73,10 @@ TEST_CASE("--help and -h ask for the usage text instead of a run", "[examples]")
   const std::string usage = cli.usage();
   CHECK_THAT(usage, Contains("usage: prog [--help] [--epochs N] [--data DIR] [--verbose]"));
   CHECK_THAT(usage, Contains("Does a thing."));
-  CHECK_THAT(usage, Contains("--epochs N    passes (default 5)"));
-  CHECK_THAT(usage, Contains("--verbose     say more"));
+  // The first column is as wide as the widest spelling ("-h, --help", "--epochs N", "--data DIR").
+  CHECK_THAT(usage, Contains("\n  -h, --help  show this help and exit\n"));
+  CHECK_THAT(usage, Contains("\n  --epochs N  passes (default 5)\n"));
+  CHECK_THAT(usage, Contains("\n  --verbose   say more\n"));
 }
 
 TEST_CASE("Unknown options, stray arguments and missing values are usage errors", "[examples]") {
