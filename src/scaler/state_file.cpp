@@ -15,13 +15,6 @@ namespace {
 
 // ---- helpers ----
 
-template <typename... Args>
-[[noreturn]] void fail(const Args&... args) {
-  std::ostringstream message;
-  (message << ... << args);
-  throw StateFileError(message.str());
-}
-
 // Names and entry names come from the file: show them printable and short, so a message never
 // carries control bytes or kilobytes of attacker text.
 std::string printable(std::string_view text) {
@@ -105,8 +98,8 @@ constexpr std::uint64_t kMaxZipComment = 0xffff;
 std::uint64_t find_end_of_central_dir(std::string_view file) {
   const std::uint64_t size = file.size();
   if (size < kEndOfCentralDirSize) {
-    fail("the file is ", size, " bytes, too short for a zip archive (at least ",
-         kEndOfCentralDirSize, " bytes)");
+    reject("the file is ", size, " bytes, too short for a zip archive (at least ",
+           kEndOfCentralDirSize, " bytes)");
   }
   const std::uint64_t lowest = size > kEndOfCentralDirSize + kMaxZipComment
                                    ? size - kEndOfCentralDirSize - kMaxZipComment
@@ -118,8 +111,8 @@ std::uint64_t find_end_of_central_dir(std::string_view file) {
     }
     if (at == lowest) break;
   }
-  fail("no zip end-of-central-directory record in the last ", size - lowest,
-       " bytes: the file is not a zip archive, or it is truncated");
+  reject("no zip end-of-central-directory record in the last ", size - lowest,
+         " bytes: the file is not a zip archive, or it is truncated");
 }
 
 // LibTorch's writer adds a ZIP64 end record and locator even to small archives. The ordinary
@@ -133,26 +126,26 @@ std::uint64_t check_zip64_records(std::string_view file, std::uint64_t eocd, std
   const std::uint64_t locator = eocd - kZip64LocatorSize;
   const std::uint64_t record = u64(file, locator + 8);
   if (u32(file, locator + 4) != 0 || u32(file, locator + 16) != 1) {
-    fail("the ZIP64 end-of-central-directory locator at byte ", locator,
-         " names another disk; multi-disk archives are not supported");
+    reject("the ZIP64 end-of-central-directory locator at byte ", locator,
+           " names another disk; multi-disk archives are not supported");
   }
   if (record > locator || locator - record < kZip64EndOfCentralDirSize) {
-    fail("the ZIP64 end-of-central-directory locator at byte ", locator, " points to byte ", record,
-         ", which leaves no room for a ZIP64 record before the locator");
+    reject("the ZIP64 end-of-central-directory locator at byte ", locator, " points to byte ",
+           record, ", which leaves no room for a ZIP64 record before the locator");
   }
   if (u32(file, record) != kZip64EndOfCentralDirSignature) {
-    fail("the ZIP64 end-of-central-directory locator at byte ", locator, " points to byte ", record,
-         ", where there is no ZIP64 end-of-central-directory record");
+    reject("the ZIP64 end-of-central-directory locator at byte ", locator, " points to byte ",
+           record, ", where there is no ZIP64 end-of-central-directory record");
   }
   const bool agrees = u32(file, record + 16) == 0 && u32(file, record + 20) == 0 &&
                       u64(file, record + 24) == entries && u64(file, record + 32) == entries &&
                       u64(file, record + 40) == dir_size && u64(file, record + 48) == dir_offset;
   if (!agrees) {
-    fail("the ZIP64 end-of-central-directory record at byte ", record,
-         " disagrees with the end-of-central-directory record at byte ", eocd, " (",
-         u64(file, record + 32), " entries, directory of ", u64(file, record + 40),
-         " bytes at byte ", u64(file, record + 48), " against ", entries, " entries, ", dir_size,
-         " bytes at byte ", dir_offset, ")");
+    reject("the ZIP64 end-of-central-directory record at byte ", record,
+           " disagrees with the end-of-central-directory record at byte ", eocd, " (",
+           u64(file, record + 32), " entries, directory of ", u64(file, record + 40),
+           " bytes at byte ", u64(file, record + 48), " against ", entries, " entries, ", dir_size,
+           " bytes at byte ", dir_offset, ")");
   }
   return record;
 }
@@ -162,26 +155,26 @@ std::uint64_t check_local_header(std::string_view file, const ZipEntry& entry, s
                                  std::uint64_t dir_offset, std::uint16_t flags) {
   const std::string name = quoted_text(entry.name);
   if (local > dir_offset || dir_offset - local < kLocalHeaderSize) {
-    fail("zip entry ", name, ": its local header at byte ", local,
-         " is not before the central directory (byte ", dir_offset, ")");
+    reject("zip entry ", name, ": its local header at byte ", local,
+           " is not before the central directory (byte ", dir_offset, ")");
   }
   if (u32(file, local) != kLocalHeaderSignature) {
-    fail("zip entry ", name, ": no local header signature at byte ", local);
+    reject("zip entry ", name, ": no local header signature at byte ", local);
   }
   const std::uint64_t name_length = u16(file, local + 26);
   const std::uint64_t extra_length = u16(file, local + 28);
   const std::uint64_t data = local + kLocalHeaderSize + name_length + extra_length;
   if (data > dir_offset) {
-    fail("zip entry ", name, ": its local header at byte ", local,
-         " runs into the central directory (byte ", dir_offset, ")");
+    reject("zip entry ", name, ": its local header at byte ", local,
+           " runs into the central directory (byte ", dir_offset, ")");
   }
   if (file.substr(local + kLocalHeaderSize, name_length) != entry.name) {
-    fail("zip entry ", name, ": its local header at byte ", local, " names it ",
-         quoted_text(file.substr(local + kLocalHeaderSize, name_length)));
+    reject("zip entry ", name, ": its local header at byte ", local, " names it ",
+           quoted_text(file.substr(local + kLocalHeaderSize, name_length)));
   }
   if (u16(file, local + 8) != entry.method) {
-    fail("zip entry ", name, ": its local header at byte ", local, " gives method ",
-         u16(file, local + 8), " but the central directory gives ", entry.method);
+    reject("zip entry ", name, ": its local header at byte ", local, " gives method ",
+           u16(file, local + 8), " but the central directory gives ", entry.method);
   }
   // With a data descriptor (flag bit 3) the local CRC and sizes may be left 0, as LibTorch's
   // writer leaves them; otherwise they must be the central directory's.
@@ -191,13 +184,13 @@ std::uint64_t check_local_header(std::string_view file, const ZipEntry& entry, s
   const bool zero = crc == 0 && compressed == 0 && size == 0;
   const bool same = crc == entry.crc32 && compressed == entry.compressed_size && size == entry.size;
   if (!same && !(zero && (flags & 0x8))) {
-    fail("zip entry ", name, ": its local header at byte ", local, " gives CRC ", hex(crc, 8),
-         " and sizes ", compressed, "/", size, " but the central directory gives ",
-         hex(entry.crc32, 8), " and ", entry.compressed_size, "/", entry.size);
+    reject("zip entry ", name, ": its local header at byte ", local, " gives CRC ", hex(crc, 8),
+           " and sizes ", compressed, "/", size, " but the central directory gives ",
+           hex(entry.crc32, 8), " and ", entry.compressed_size, "/", entry.size);
   }
   if (data + entry.compressed_size > dir_offset) {
-    fail("zip entry ", name, ": its ", entry.compressed_size, " bytes of data at byte ", data,
-         " run past the start of the central directory (byte ", dir_offset, ")");
+    reject("zip entry ", name, ": its ", entry.compressed_size, " bytes of data at byte ", data,
+           " run past the start of the central directory (byte ", dir_offset, ")");
   }
   return data;
 }
@@ -376,7 +369,7 @@ class PickleReader : PickleCursor {
       : PickleCursor(data, entry_name, "the file is truncated") {}
 
   StateEntries run() {
-    if (data_.empty()) fail(entry_name_, " is empty; it should hold the pickled state dict");
+    if (data_.empty()) reject(entry_name_, " is empty; it should hold the pickled state dict");
     while (pos_ < data_.size()) {
       const std::size_t at = pos_;
       const auto op = static_cast<unsigned char>(data_[pos_++]);
@@ -669,27 +662,27 @@ std::vector<ZipEntry> read_zip_directory(std::string_view file, std::size_t max_
   const std::uint32_t dir_offset = u32(file, eocd + 16);
   if (disk_entries == 0xffff || entries == 0xffff || dir_size == 0xffffffffu ||
       dir_offset == 0xffffffffu) {
-    fail("the end-of-central-directory record at byte ", eocd, " has ZIP64 markers (entry count ",
-         hex(entries, 4), ", directory size ", hex(dir_size, 8), ", directory offset ",
-         hex(dir_offset, 8), "); ZIP64 archives are not supported");
+    reject("the end-of-central-directory record at byte ", eocd, " has ZIP64 markers (entry count ",
+           hex(entries, 4), ", directory size ", hex(dir_size, 8), ", directory offset ",
+           hex(dir_offset, 8), "); ZIP64 archives are not supported");
   }
   if (disk != 0 || dir_disk != 0 || disk_entries != entries) {
-    fail("the end-of-central-directory record at byte ", eocd,
-         " describes a multi-disk archive (disk ", disk, ", directory on disk ", dir_disk, ", ",
-         disk_entries, " of ", entries, " entries on this disk); only single-file zips are read");
+    reject("the end-of-central-directory record at byte ", eocd,
+           " describes a multi-disk archive (disk ", disk, ", directory on disk ", dir_disk, ", ",
+           disk_entries, " of ", entries, " entries on this disk); only single-file zips are read");
   }
   if (entries > max_entries) {
-    fail("the zip archive lists ", entries, " entries; at most ", max_entries, " are accepted");
+    reject("the zip archive lists ", entries, " entries; at most ", max_entries, " are accepted");
   }
   const std::uint64_t dir_limit = check_zip64_records(file, eocd, entries, dir_size, dir_offset);
   const std::uint64_t dir_end = std::uint64_t{dir_offset} + dir_size;
   if (dir_end > dir_limit) {
-    fail("the central directory (", dir_size, " bytes at byte ", dir_offset,
-         ") runs past its end record at byte ", dir_limit);
+    reject("the central directory (", dir_size, " bytes at byte ", dir_offset,
+           ") runs past its end record at byte ", dir_limit);
   }
   if (std::uint64_t{entries} * kCentralHeaderSize > dir_size) {
-    fail("the zip archive lists ", entries, " entries, which cannot fit in a central directory of ",
-         dir_size, " bytes");
+    reject("the zip archive lists ", entries,
+           " entries, which cannot fit in a central directory of ", dir_size, " bytes");
   }
 
   std::vector<ZipEntry> result;
@@ -697,32 +690,32 @@ std::vector<ZipEntry> read_zip_directory(std::string_view file, std::size_t max_
   std::uint64_t pos = dir_offset;
   for (std::uint32_t k = 0; k < entries; ++k) {
     if (dir_end - pos < kCentralHeaderSize) {
-      fail("central directory record ", k, " at byte ", pos,
-           " runs past the end of the central directory (byte ", dir_end, ")");
+      reject("central directory record ", k, " at byte ", pos,
+             " runs past the end of the central directory (byte ", dir_end, ")");
     }
     if (u32(file, pos) != kCentralHeaderSignature) {
-      fail("no central directory record signature at byte ", pos, " (record ", k, ")");
+      reject("no central directory record signature at byte ", pos, " (record ", k, ")");
     }
     const std::uint16_t flags = u16(file, pos + 8);
     const std::uint64_t name_length = u16(file, pos + 28);
     const std::uint64_t record_size =
         kCentralHeaderSize + name_length + u16(file, pos + 30) + u16(file, pos + 32);
     if (dir_end - pos < record_size) {
-      fail("central directory record ", k, " at byte ", pos, " (", record_size,
-           " bytes with its name, extra field and comment) runs past the end of the central ",
-           "directory (byte ", dir_end, ")");
+      reject("central directory record ", k, " at byte ", pos, " (", record_size,
+             " bytes with its name, extra field and comment) runs past the end of the central ",
+             "directory (byte ", dir_end, ")");
     }
     ZipEntry entry;
     entry.name = std::string(file.substr(pos + kCentralHeaderSize, name_length));
     if (name_length == 0 || name_length > kMaxZipNameLength ||
         entry.name.find('\0') != std::string::npos) {
-      fail("central directory record ", k, " at byte ", pos, " has a name of ", name_length,
-           " bytes", name_length == 0 ? "" : " containing NUL or too long",
-           "; entry names are 1 to ", kMaxZipNameLength, " bytes without NUL");
+      reject("central directory record ", k, " at byte ", pos, " has a name of ", name_length,
+             " bytes", name_length == 0 ? "" : " containing NUL or too long",
+             "; entry names are 1 to ", kMaxZipNameLength, " bytes without NUL");
     }
     if (flags & 0x41) {
-      fail("zip entry ", quoted_text(entry.name), " is encrypted (flags ", hex(flags, 4),
-           "); encrypted entries are not supported");
+      reject("zip entry ", quoted_text(entry.name), " is encrypted (flags ", hex(flags, 4),
+             "); encrypted entries are not supported");
     }
     entry.method = u16(file, pos + 10);
     entry.crc32 = u32(file, pos + 16);
@@ -731,39 +724,39 @@ std::vector<ZipEntry> read_zip_directory(std::string_view file, std::size_t max_
     const std::uint32_t local = u32(file, pos + 42);
     if (entry.compressed_size == 0xffffffffu || entry.size == 0xffffffffu || local == 0xffffffffu ||
         u16(file, pos + 34) == 0xffff) {
-      fail("zip entry ", quoted_text(entry.name),
-           " has ZIP64 markers in its central record at byte ", pos,
-           "; ZIP64 archives are not supported");
+      reject("zip entry ", quoted_text(entry.name),
+             " has ZIP64 markers in its central record at byte ", pos,
+             "; ZIP64 archives are not supported");
     }
     if (u16(file, pos + 34) != 0) {
-      fail("zip entry ", quoted_text(entry.name), " starts on disk ", u16(file, pos + 34),
-           "; only single-file zips are read");
+      reject("zip entry ", quoted_text(entry.name), " starts on disk ", u16(file, pos + 34),
+             "; only single-file zips are read");
     }
     entry.data_offset = check_local_header(file, entry, local, dir_offset, flags);
     result.push_back(std::move(entry));
     pos += record_size;
   }
   if (pos != dir_end) {
-    fail("the central directory has ", dir_end - pos, " bytes after its ", entries,
-         " records (it should end at byte ", pos, ")");
+    reject("the central directory has ", dir_end - pos, " bytes after its ", entries,
+           " records (it should end at byte ", pos, ")");
   }
   return result;
 }
 
 StateEntries parse_state_file(std::string_view bytes) {
   if (bytes.size() > kMaxStateFileSize) {
-    fail("the file is ", bytes.size(), " bytes; a GradScaler state file is at most ",
-         kMaxStateFileSize, " bytes");
+    reject("the file is ", bytes.size(), " bytes; a GradScaler state file is at most ",
+           kMaxStateFileSize, " bytes");
   }
   const std::vector<ZipEntry> entries = read_zip_directory(bytes);
-  if (entries.empty()) fail("the zip archive has no entries; it should hold data.pkl");
+  if (entries.empty()) reject("the zip archive has no entries; it should hold data.pkl");
 
   // torch.save puts every entry under one directory named after the file ("archive" in C++).
   const std::string& first = entries.front().name;
   const std::size_t slash = first.find('/');
   if (slash == std::string::npos || slash == 0) {
-    fail("zip entry ", quoted_text(first),
-         " is not inside a directory; torch.save puts every entry under one (like 'x/data.pkl')");
+    reject("zip entry ", quoted_text(first),
+           " is not inside a directory; torch.save puts every entry under one (like 'x/data.pkl')");
   }
   const std::string prefix = first.substr(0, slash + 1);
   std::vector<std::string_view> names;
@@ -771,13 +764,14 @@ StateEntries parse_state_file(std::string_view bytes) {
   const ZipEntry* pickle = nullptr;
   for (const ZipEntry& entry : entries) {
     if (entry.name.compare(0, prefix.size(), prefix) != 0) {
-      fail("zip entry ", quoted_text(entry.name), " is outside the directory ", quoted_text(prefix),
-           " that holds the first entry; torch.save puts every entry under one directory");
+      reject("zip entry ", quoted_text(entry.name), " is outside the directory ",
+             quoted_text(prefix),
+             " that holds the first entry; torch.save puts every entry under one directory");
     }
     if (entry.method != 0 || entry.compressed_size != entry.size) {
-      fail("zip entry ", quoted_text(entry.name), " is compressed (method ", entry.method, ", ",
-           entry.compressed_size, " bytes stored for ", entry.size,
-           "); torch.save stores entries uncompressed");
+      reject("zip entry ", quoted_text(entry.name), " is compressed (method ", entry.method, ", ",
+             entry.compressed_size, " bytes stored for ", entry.size,
+             "); torch.save stores entries uncompressed");
     }
     if (entry.name.size() == prefix.size() + 8 &&
         entry.name.compare(prefix.size(), 8, "data.pkl") == 0) {
@@ -788,20 +782,20 @@ StateEntries parse_state_file(std::string_view bytes) {
   std::sort(names.begin(), names.end());
   const auto twice = std::adjacent_find(names.begin(), names.end());
   if (twice != names.end())
-    fail("zip entry ", quoted_text(*twice), " appears twice in the archive");
+    reject("zip entry ", quoted_text(*twice), " appears twice in the archive");
   if (pickle == nullptr) {
-    fail("the zip archive has no entry ", quoted_text(prefix + "data.pkl"),
-         "; it holds something other than a torch.save state dict");
+    reject("the zip archive has no entry ", quoted_text(prefix + "data.pkl"),
+           "; it holds something other than a torch.save state dict");
   }
   if (pickle->size > kMaxStatePickleSize) {
-    fail("zip entry ", quoted_text(pickle->name), " is ", pickle->size,
-         " bytes; a state dict's pickle is at most ", kMaxStatePickleSize, " bytes");
+    reject("zip entry ", quoted_text(pickle->name), " is ", pickle->size,
+           " bytes; a state dict's pickle is at most ", kMaxStatePickleSize, " bytes");
   }
   const std::string_view data = bytes.substr(pickle->data_offset, pickle->size);
   const std::uint32_t crc = crc32(data);
   if (crc != pickle->crc32) {
-    fail("zip entry ", quoted_text(pickle->name), " has CRC-32 ", hex(crc, 8),
-         " but the archive records ", hex(pickle->crc32, 8), "; its bytes are damaged");
+    reject("zip entry ", quoted_text(pickle->name), " has CRC-32 ", hex(crc, 8),
+           " but the archive records ", hex(pickle->crc32, 8), "; its bytes are damaged");
   }
   return parse_state_pickle(data, pickle->name);
 }

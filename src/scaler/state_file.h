@@ -106,6 +106,15 @@ std::string describe_pickle_opcode(unsigned char code);
 /// The offset of the first byte of `text` that is not well-formed UTF-8, or text.size().
 std::size_t utf8_error_offset(std::string_view text);
 
+/// Throws StateFileError with the arguments streamed into one message; both readers refuse a
+/// file through it.
+template <typename... Args>
+[[noreturn]] void reject(const Args&... args) {
+  std::ostringstream message;
+  (message << ... << args);
+  throw StateFileError(message.str());
+}
+
 /// A read position in one pickle, the base of both pickle readers: bounds-checked reads of an
 /// opcode's argument bytes and refusals that name the entry and the byte.
 class PickleCursor {
@@ -118,10 +127,7 @@ class PickleCursor {
   /// Throws StateFileError: "<entry> byte <offset>: <args...>".
   template <typename... Args>
   [[noreturn]] void fail_at(std::size_t offset, const Args&... args) const {
-    std::ostringstream message;
-    message << entry_name_ << " byte " << offset << ": ";
-    (message << ... << args);
-    throw StateFileError(message.str());
+    reject(entry_name_, " byte ", offset, ": ", args...);
   }
 
   /// The next `n` argument bytes of the opcode `op` at `at`; refuses a pickle that ends first.

@@ -19,13 +19,6 @@ namespace amp::detail {
 
 namespace {
 
-template <typename... Args>
-[[noreturn]] void fail(const Args&... args) {
-  std::ostringstream message;
-  (message << ... << args);
-  throw StateFileError(message.str());
-}
-
 std::string quoted(std::string_view text) { return "'" + printable_text(text) + "'"; }
 
 bool ends_with(std::string_view text, std::string_view suffix) {
@@ -74,7 +67,7 @@ class TypeParser {
  private:
   template <typename... Args>
   [[noreturn]] void bad(const Args&... args) const {
-    fail(where_, ": the type ", quoted(text_), " ", args...);
+    reject(where_, ": the type ", quoted(text_), " ", args...);
   }
 
   void parse_type(std::size_t depth) {
@@ -223,7 +216,7 @@ class ArchivePickleScanner : PickleCursor {
       : PickleCursor(data, entry_name, "the entry is truncated"), record_size_(record_size) {}
 
   void run() {
-    if (data_.empty()) fail(entry_name_, " is empty; it should hold a pickle");
+    if (data_.empty()) reject(entry_name_, " is empty; it should hold a pickle");
     while (pos_ < data_.size()) {
       const std::size_t at = pos_;
       const auto op = static_cast<unsigned char>(data_[pos_++]);
@@ -765,7 +758,7 @@ bool is_name_list(std::string_view text) {
 std::string zlib_inflate(std::string_view compressed, std::uint64_t size, const ZipEntry& entry) {
   std::string out(static_cast<std::size_t>(size), '\0');
   z_stream stream{};
-  if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) fail("zlib could not start inflating");
+  if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) reject("zlib could not start inflating");
   stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(compressed.data()));
   stream.avail_in = static_cast<uInt>(compressed.size());
   stream.next_out = reinterpret_cast<Bytef*>(out.data());
@@ -774,25 +767,30 @@ std::string zlib_inflate(std::string_view compressed, std::uint64_t size, const 
   const std::uint64_t produced = stream.total_out;
   inflateEnd(&stream);
   if (status != Z_STREAM_END || produced != size) {
-    fail("zip entry ", quoted(entry.name), " does not inflate to the ", size,
-         " bytes its record promises (zlib status ", status, " after ", produced,
-         " bytes); its bytes are damaged");
+    reject("zip entry ", quoted(entry.name), " does not inflate to the ", size,
+           " bytes its record promises (zlib status ", status, " after ", produced,
+           " bytes); its bytes are damaged");
   }
   return out;
 }
 
-// An entry's bytes: stored ones as they are, deflated ones inflated; the CRC-32 checked.
-std::string entry_bytes(std::string_view file, const ZipEntry& entry, std::size_t limit) {
+// An entry's bytes, its CRC-32 checked: a view into the file for a stored entry, else the bytes
+// inflated into `inflated`.
+std::string_view entry_bytes(std::string_view file, const ZipEntry& entry, std::size_t limit,
+                             std::string& inflated) {
   if (entry.size > limit) {
-    fail("zip entry ", quoted(entry.name), " is ", entry.size, " bytes; at most ", limit,
-         " are read");
+    reject("zip entry ", quoted(entry.name), " is ", entry.size, " bytes; at most ", limit,
+           " are read");
   }
-  const std::string_view raw = file.substr(entry.data_offset, entry.compressed_size);
-  std::string bytes = entry.method == 0 ? std::string(raw) : zlib_inflate(raw, entry.size, entry);
+  std::string_view bytes = file.substr(entry.data_offset, entry.compressed_size);
+  if (entry.method != 0) {
+    inflated = zlib_inflate(bytes, entry.size, entry);
+    bytes = inflated;
+  }
   const std::uint32_t crc = crc32(bytes);
   if (crc != entry.crc32) {
-    fail("zip entry ", quoted(entry.name), " has CRC-32 ", crc, " but the archive records ",
-         entry.crc32, "; its bytes are damaged");
+    reject("zip entry ", quoted(entry.name), " has CRC-32 ", crc, " but the archive records ",
+           entry.crc32, "; its bytes are damaged");
   }
   return bytes;
 }
@@ -818,9 +816,9 @@ void check_archive_code(std::string_view code, std::string_view entry_name) {
     start = end + 1;
     const std::string where = entry + " line " + std::to_string(number);
     const auto refuse = [&] {
-      fail(where, " is ", quoted(line),
-           ", which is not a line LibTorch writes for an archive (only class headers, "
-           "__parameters__, __buffers__, __annotations__ and attribute types)");
+      reject(where, " is ", quoted(line),
+             ", which is not a line LibTorch writes for an archive (only class headers, "
+             "__parameters__, __buffers__, __annotations__ and attribute types)");
     };
     if (line.empty()) continue;
     if (starts_with(line, "class ")) {
@@ -851,71 +849,72 @@ void check_archive_code(std::string_view code, std::string_view entry_name) {
 
 void check_archive(std::string_view file) {
   const std::vector<ZipEntry> entries = read_zip_directory(file, 0xfffe);
-  if (entries.empty()) fail("the zip archive has no entries; it should hold data.pkl");
+  if (entries.empty()) reject("the zip archive has no entries; it should hold data.pkl");
   const std::string& first = entries.front().name;
   const std::size_t slash = first.find('/');
   if (slash == std::string::npos || slash == 0) {
-    fail("zip entry ", quoted(first),
-         " is not inside a directory; LibTorch puts every entry under one (like 'x/data.pkl')");
+    reject("zip entry ", quoted(first),
+           " is not inside a directory; LibTorch puts every entry under one (like 'x/data.pkl')");
   }
   const std::string prefix = first.substr(0, slash + 1);
   std::map<std::string_view, const ZipEntry*> by_name;
   for (const ZipEntry& entry : entries) {
     if (!starts_with(entry.name, prefix)) {
-      fail("zip entry ", quoted(entry.name), " is outside the directory ", quoted(prefix),
-           " that holds the first entry; LibTorch puts every entry under one directory");
+      reject("zip entry ", quoted(entry.name), " is outside the directory ", quoted(prefix),
+             " that holds the first entry; LibTorch puts every entry under one directory");
     }
     if (entry.method != 0 && entry.method != 8) {
-      fail("zip entry ", quoted(entry.name), " uses compression method ", entry.method,
-           "; LibTorch's archives are stored (0) or deflated (8)");
+      reject("zip entry ", quoted(entry.name), " uses compression method ", entry.method,
+             "; LibTorch's archives are stored (0) or deflated (8)");
     }
     if (entry.method == 0 && entry.compressed_size != entry.size) {
-      fail("zip entry ", quoted(entry.name), " is stored but records ", entry.compressed_size,
-           " bytes in the file and ", entry.size, " bytes of content");
+      reject("zip entry ", quoted(entry.name), " is stored but records ", entry.compressed_size,
+             " bytes in the file and ", entry.size, " bytes of content");
     }
     if (!by_name.emplace(std::string_view(entry.name).substr(prefix.size()), &entry).second) {
-      fail("zip entry ", quoted(entry.name), " appears twice in the archive");
+      reject("zip entry ", quoted(entry.name), " appears twice in the archive");
     }
   }
   if (by_name.count("data.pkl") == 0) {
-    fail("the zip archive has no entry ", quoted(prefix + "data.pkl"),
-         "; it is not a LibTorch archive");
+    reject("the zip archive has no entry ", quoted(prefix + "data.pkl"),
+           "; it is not a LibTorch archive");
   }
   const ArchiveRecordSize record_size = [&](std::string_view name) -> std::optional<std::uint64_t> {
     const auto it = by_name.find(name);
     if (it == by_name.end() || it->second->method != 0) return std::nullopt;
     return it->second->size;
   };
+  std::string inflated;  // a deflated entry's bytes, reused from entry to entry
   for (const auto& [name, entry] : by_name) {
     if (ends_with(name, ".pkl") || ends_with(name, ".debug_pkl")) {
       if (entry->method != 0) {
-        fail("zip entry ", quoted(entry->name),
-             " is compressed; LibTorch stores pickles as they are");
+        reject("zip entry ", quoted(entry->name),
+               " is compressed; LibTorch stores pickles as they are");
       }
-      const std::string bytes = entry_bytes(file, *entry, kMaxArchivePickleSize);
+      const std::string_view bytes = entry_bytes(file, *entry, kMaxArchivePickleSize, inflated);
       check_archive_pickle(bytes, entry->name, record_size);
     } else if (starts_with(name, "code/")) {
       if (!ends_with(name, ".py")) {
-        fail("zip entry ", quoted(entry->name), " in code/ is not a .py file or its debug_pkl");
+        reject("zip entry ", quoted(entry->name), " in code/ is not a .py file or its debug_pkl");
       }
-      check_archive_code(entry_bytes(file, *entry, kMaxArchiveCodeSize), entry->name);
+      check_archive_code(entry_bytes(file, *entry, kMaxArchiveCodeSize, inflated), entry->name);
     } else if (starts_with(name, "data/") || starts_with(name, "constants/")) {
       if (entry->method != 0) {
-        fail("zip entry ", quoted(entry->name),
-             " holds tensor data but is compressed; LibTorch stores tensor data as it is");
+        reject("zip entry ", quoted(entry->name),
+               " holds tensor data but is compressed; LibTorch stores tensor data as it is");
       }
     } else if (name == "version" || name == ".data/version") {
-      const std::string text = entry_bytes(file, *entry, kMaxArchiveRecordSize);
+      const std::string_view text = entry_bytes(file, *entry, kMaxArchiveRecordSize, inflated);
       std::string_view digits = text;
       if (!digits.empty() && digits.back() == '\n') digits.remove_suffix(1);
       if (digits.empty() || digits.size() > 4 ||
           !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-        fail("zip entry ", quoted(entry->name), " is ", quoted(text),
-             " rather than a format version number");
+        reject("zip entry ", quoted(entry->name), " is ", quoted(text),
+               " rather than a format version number");
       }
     } else {
       // byteorder, .data/serialization_id, extra/...: LibTorch reads them whole.
-      entry_bytes(file, *entry, kMaxArchiveRecordSize);
+      entry_bytes(file, *entry, kMaxArchiveRecordSize, inflated);
     }
   }
 }
