@@ -57,3 +57,53 @@ if(AMP_WITH_CUDA)
   enable_language(CUDA)
 endif()
 message(STATUS "amp: LibTorch ${Torch_VERSION} at ${Torch_DIR}; AMP_WITH_CUDA=${AMP_WITH_CUDA}")
+
+# c10d (amp::distributed): LibTorch's process groups, Gloo on the CPU and NCCL on CUDA. The torch
+# wheel compiles Gloo in (USE_C10D_GLOO) and ships the c10d headers, but not gloo's own headers,
+# which ProcessGroupGloo.hpp includes: Debian's libgloo-dev provides them (scripts/setup). amp
+# links no gloo library: libtorch_cpu carries gloo. On by default when all three are present.
+set(_amp_distributed_default OFF)
+set(_amp_distributed_missing "")
+get_target_property(_amp_torch_cpu_defs torch_cpu INTERFACE_COMPILE_DEFINITIONS)
+if(NOT _amp_torch_cpu_defs MATCHES "USE_C10D_GLOO")
+  list(APPEND _amp_distributed_missing "a LibTorch with Gloo (USE_C10D_GLOO)")
+endif()
+if(NOT EXISTS "${TORCH_INSTALL_PREFIX}/include/torch/csrc/distributed/c10d/ProcessGroupGloo.hpp")
+  list(APPEND _amp_distributed_missing "LibTorch's c10d headers")
+endif()
+find_path(AMP_GLOO_INCLUDE_DIR gloo/rendezvous/store.h
+          DOC "Folder holding gloo's headers (Debian: libgloo-dev), for ProcessGroupGloo.hpp")
+if(NOT AMP_GLOO_INCLUDE_DIR)
+  list(APPEND _amp_distributed_missing "gloo's headers (Debian's libgloo-dev)")
+endif()
+if(NOT _amp_distributed_missing)
+  set(_amp_distributed_default ON)
+endif()
+option(AMP_WITH_DISTRIBUTED "Build amp::distributed (c10d process groups under torchrun)"
+       ${_amp_distributed_default})
+if(AMP_WITH_DISTRIBUTED AND _amp_distributed_missing)
+  list(JOIN _amp_distributed_missing ", " _amp_missing_text)
+  message(FATAL_ERROR "AMP_WITH_DISTRIBUTED is ON but this is missing: ${_amp_missing_text}. "
+                      "Install Debian's libgloo-dev (scripts/setup does) or configure with "
+                      "-DAMP_WITH_DISTRIBUTED=OFF.")
+endif()
+# NCCL groups (CUDA builds): compiled against the wheel's NCCL headers, which must come before
+# the CUDA toolkit's older nccl.h; the version LibTorch reports is checked at compile time.
+set(AMP_DISTRIBUTED_NCCL_INCLUDE_DIR "")
+set(AMP_TORCH_NCCL_VERSION_CODE "")
+if(AMP_WITH_DISTRIBUTED AND AMP_WITH_CUDA)
+  get_filename_component(_amp_site "${Torch_DIR}/../../../.." ABSOLUTE)
+  if(EXISTS "${_amp_site}/nvidia/nccl/include/nccl.h" AND EXISTS "${AMP_PYTHON}")
+    execute_process(
+      COMMAND "${AMP_PYTHON}" -c
+              "import torch; v = torch.cuda.nccl.version(); print(v[0]*10000 + v[1]*100 + v[2], end='')"
+      OUTPUT_VARIABLE _amp_nccl_code RESULT_VARIABLE _amp_rc ERROR_QUIET)
+    if(_amp_rc EQUAL 0 AND _amp_nccl_code MATCHES "^[0-9]+$")
+      set(AMP_DISTRIBUTED_NCCL_INCLUDE_DIR "${_amp_site}/nvidia/nccl/include")
+      set(AMP_TORCH_NCCL_VERSION_CODE "${_amp_nccl_code}")
+    endif()
+  endif()
+endif()
+message(STATUS "amp: AMP_WITH_DISTRIBUTED=${AMP_WITH_DISTRIBUTED}"
+               "${_amp_distributed_missing}; NCCL groups: "
+               "${AMP_DISTRIBUTED_NCCL_INCLUDE_DIR} ${AMP_TORCH_NCCL_VERSION_CODE}")

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -29,6 +30,8 @@ namespace amp {
 namespace optim {
 class SupportsAmpScaling;
 }  // namespace optim
+
+class FoundInfSync;
 
 /// What GradScaler::step does when gradients overflow while the scale already sits at min_scale
 /// (an extension; only meaningful with GradScalerOptions::min_scale > 0).
@@ -72,6 +75,28 @@ struct AMP_EXPORT GradScalerOptions {
   TORCH_ARG(MinScalePolicy, at_min_scale) = MinScalePolicy::kSkip;
   /// Extension: count steps taken, steps skipped and consecutive skips in device tensors.
   TORCH_ARG(bool, track_counters) = false;
+
+  /// Extension (several processes): combines the inf/NaN flag across processes before every
+  /// skip decision and scale update, so that all ranks skip together and keep equal scales.
+  /// Make one with amp::distributed::found_inf_sync(process_group) (amp/distributed.h). Null
+  /// (the default) means one process. Not part of the saved state.
+  TORCH_ARG(std::shared_ptr<FoundInfSync>, found_inf_sync) = nullptr;
+};
+
+/// Combines GradScaler's inf/NaN flags across processes (GradScalerOptions::found_inf_sync).
+/// amp::distributed implements it over a c10d process group; the interface keeps the core
+/// library free of c10d. Every rank must make the same calls in the same order (SPMD).
+class AMP_EXPORT FoundInfSync {
+ public:
+  virtual ~FoundInfSync();
+  /// Replaces `flag` (a 0-dim float32 tensor on the scaler's device, >= 0) in place by its
+  /// maximum over all ranks, without reading it on the host.
+  virtual void all_reduce_max_(at::Tensor& flag) = 0;
+  /// Called by GradScaler's constructor on every rank (enabled or not): throws on every rank,
+  /// with a sentence naming the option and the ranks, when the ranks' device types or options
+  /// differ, or when this rank cannot combine flags on tensors of `device`.
+  virtual void check_same_configuration(c10::DeviceType device,
+                                        const GradScalerOptions& options) = 0;
 };
 
 /// Where an optimizer is in the current iteration (Python's OptState): unscale_ moves it from
@@ -356,6 +381,8 @@ class AMP_EXPORT GradScaler {
   struct OptimizerState {
     OptimizerStage stage = OptimizerStage::kReady;
     std::vector<std::pair<c10::Device, at::Tensor>> found_inf_per_device;
+    // Whether found_inf_per_device holds the flag combined across ranks (found_inf_sync).
+    bool synced = false;
   };
 
   void lazy_init(const c10::Device& device);
@@ -375,8 +402,9 @@ class AMP_EXPORT GradScaler {
   // step() for an optimizer that unscales and skips on the device.
   StepResult step_on_device(torch::optim::Optimizer& optimizer, OptimizerState& state,
                             optim::SupportsAmpScaling& scaling);
-  // This step's flag for `state`: the per-device flags on the scale's device, combined by max.
-  at::Tensor combined_found_inf(const OptimizerState& state) const;
+  // This step's flag for `state`: the per-device flags on the scale's device, combined by max,
+  // and across ranks when options().found_inf_sync() is set (then recorded back into `state`).
+  at::Tensor combined_found_inf(OptimizerState& state) const;
   // MinScalePolicy::kThrow: throws when `found` overflowed with the scale at min_scale (a sync).
   void throw_if_overflow_at_min_scale(const at::Tensor& found) const;
   // Whether any extension of the update (hysteresis, bounds) or the counters is on.

@@ -13,5 +13,8 @@ AMP_EXPORT std::string version();
 
 /// True when the loaded amp library was built with its CUDA code (AMP_WITH_CUDA=ON).
 AMP_EXPORT bool built_with_cuda();
+/// Whether this build of amp includes the amp::distributed library (AMP_WITH_DISTRIBUTED):
+/// c10d process groups, GradScaler across ranks, gradient all-reduce (amp/distributed.h).
+AMP_EXPORT bool built_with_distributed();
 
 }  // namespace amp

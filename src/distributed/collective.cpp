@@ -27,12 +27,13 @@ std::string device_types_served(c10d::ProcessGroup& group) {
 void check_group_serves(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                         c10::DeviceType device_type, const std::string& who,
                         const std::string& what) {
-  TORCH_CHECK(group, who, ": the process group is null; pass the group returned by "
+  TORCH_CHECK(group, who,
+              ": the process group is null; pass the group returned by "
               "new_gloo_group, init_gloo_from_torchrun or new_nccl_group.");
   TORCH_CHECK(group->hasBackendForDeviceType(device_type), who, ": ", what, " are ",
               c10::DeviceTypeName(device_type, /*lower_case=*/true),
-              " tensors, but the process group (backend ", group->getBackendName(),
-              ") serves ", device_types_served(*group),
+              " tensors, but the process group (backend ", group->getBackendName(), ") serves ",
+              device_types_served(*group),
               ". Use a Gloo group (new_gloo_group) for CPU tensors and an NCCL group "
               "(new_nccl_group) for CUDA tensors.");
 }
@@ -91,7 +92,8 @@ std::vector<std::vector<double>> exchange_values(c10d::ProcessGroup& group,
   const at::Tensor host = tensors.front().to(at::kCPU).contiguous();
   const double* data = host.data_ptr<double>();
   std::vector<std::vector<double>> rows(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) rows[static_cast<size_t>(r)].assign(data + r * count, data + (r + 1) * count);
+  for (int r = 0; r < world; ++r)
+    rows[static_cast<size_t>(r)].assign(data + r * count, data + (r + 1) * count);
   return rows;
 }
 
@@ -104,9 +106,9 @@ std::string rank_list(const std::vector<int>& ranks) {
   return out.str();
 }
 
-std::vector<std::string> describe_differences(
-    const std::vector<std::vector<double>>& rows, const std::vector<std::string>& names,
-    std::string (*format)(size_t index, double value)) {
+std::vector<std::string> describe_differences(const std::vector<std::vector<double>>& rows,
+                                              const std::vector<std::string>& names,
+                                              std::string (*format)(size_t index, double value)) {
   std::vector<std::string> differences;
   for (size_t i = 0; i < names.size(); ++i) {
     // Ranks grouped by value, in order of the first rank holding each value.
@@ -124,8 +126,8 @@ std::vector<std::string> describe_differences(
     phrase << names[i] << " is ";
     for (size_t g = 0; g < groups.size(); ++g) {
       if (g > 0) phrase << (g + 1 == groups.size() ? " and " : ", ");
-      phrase << format(i, groups[g].first) << " on rank" << (groups[g].second.size() > 1 ? "s " : " ")
-             << rank_list(groups[g].second);
+      phrase << format(i, groups[g].first) << " on rank"
+             << (groups[g].second.size() > 1 ? "s " : " ") << rank_list(groups[g].second);
     }
     differences.push_back(phrase.str());
   }

@@ -42,9 +42,9 @@ std::string rank_list(const std::vector<int>& ranks);
 
 /// For each position where the ranks' rows differ, a phrase "<name> is <v> on ranks a, b and
 /// <w> on rank c"; empty when all rows are equal. `format` renders one value.
-std::vector<std::string> describe_differences(
-    const std::vector<std::vector<double>>& rows, const std::vector<std::string>& names,
-    std::string (*format)(size_t index, double value));
+std::vector<std::string> describe_differences(const std::vector<std::vector<double>>& rows,
+                                              const std::vector<std::string>& names,
+                                              std::string (*format)(size_t index, double value));
 
 /// The device a consistency check communicates on: `preferred` (its current device) when the
 /// group serves it, else the CPU.

@@ -19,7 +19,7 @@ constexpr const char* kWho = "amp::distributed::found_inf_sync";
 // The options compared across ranks, as numbers (the names are GradScalerOptions' setters).
 const std::vector<std::string>& compared_names() {
   static const std::vector<std::string> names{
-      "the device type", "enabled",        "init_scale",    "growth_factor",
+      "the device type", "enabled",         "init_scale",   "growth_factor",
       "backoff_factor",  "growth_interval", "hysteresis",   "consecutive_hysteresis",
       "min_scale",       "max_scale",       "at_min_scale", "track_counters"};
   return names;
@@ -84,21 +84,20 @@ class ProcessGroupFoundInfSync final : public FoundInfSync {
                      *group_, "the GradScaler's inf/NaN flag all-reduce");
   }
 
-  void check_same_configuration(c10::DeviceType device,
-                                const GradScalerOptions& options) override {
+  void check_same_configuration(c10::DeviceType device, const GradScalerOptions& options) override {
     if (options.enabled()) {
       detail::check_group_serves(group_, device, kWho, "the scaler's inf/NaN flags");
     }
     const c10::Device on = detail::check_device(group_, device, kWho);
     const auto rows = detail::exchange_values(*group_, on, compared_values(device, options),
                                               "the GradScaler options check");
-    const auto differences =
-        detail::describe_differences(rows, compared_names(), &format_compared);
+    const auto differences = detail::describe_differences(rows, compared_names(), &format_compared);
     if (differences.empty()) return;
     std::ostringstream message;
     message << "GradScaler: the scalers of the " << group_->getSize()
             << " ranks are configured differently: ";
-    for (size_t i = 0; i < differences.size(); ++i) message << (i > 0 ? "; " : "") << differences[i];
+    for (size_t i = 0; i < differences.size(); ++i)
+      message << (i > 0 ? "; " : "") << differences[i];
     message << ". Every rank must construct its GradScaler with the same device type and the "
                "same GradScalerOptions, or the ranks would take different skip decisions.";
     TORCH_CHECK(false, message.str());

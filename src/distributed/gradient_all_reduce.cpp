@@ -65,11 +65,13 @@ GradientAllReduce::GradientAllReduce(std::vector<at::Tensor> parameters,
                 "dtype); got ",
                 dtype, ".");
   }
-  TORCH_CHECK(group_, kWho, ": the process group is null; pass the group returned by "
+  TORCH_CHECK(group_, kWho,
+              ": the process group is null; pass the group returned by "
               "new_gloo_group, init_gloo_from_torchrun or new_nccl_group.");
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& p = parameters_[i];
-    TORCH_CHECK(p.defined(), kWho, ": parameter ", i, " is undefined; pass the model's "
+    TORCH_CHECK(p.defined(), kWho, ": parameter ", i,
+                " is undefined; pass the model's "
                 "parameters (module->parameters()).");
     TORCH_CHECK(p.layout() == at::kStrided, kWho, ": parameter ", i, " has layout ", p.layout(),
                 "; only dense (strided) parameters are supported.");
@@ -105,7 +107,8 @@ GradientAllReduce::GradientAllReduce(std::vector<at::Tensor> parameters,
     int64_t numel = 0;
     for (const size_t k : bucket) numel += parameters_[k].numel();
     bucket_buffers_.push_back(
-        at::empty({numel}, first.options().dtype(options_.comm_dtype().value_or(first.scalar_type()))
+        at::empty({numel}, first.options()
+                               .dtype(options_.comm_dtype().value_or(first.scalar_type()))
                                .requires_grad(false)));
   }
 
@@ -121,7 +124,8 @@ GradientAllReduce::GradientAllReduce(std::vector<at::Tensor> parameters,
     if (!differences.empty()) {
       std::ostringstream message;
       message << kWho << ": the ranks' parameters differ: ";
-      for (size_t i = 0; i < differences.size(); ++i) message << (i > 0 ? "; " : "") << differences[i];
+      for (size_t i = 0; i < differences.size(); ++i)
+        message << (i > 0 ? "; " : "") << differences[i];
       message << ". Every rank must pass the same model's parameters in the same order.";
       TORCH_CHECK(false, message.str());
     }
@@ -145,7 +149,8 @@ void GradientAllReduce::all_reduce_() {
       at::Tensor slice = flat.narrow(0, offset, p.numel());
       const at::Tensor& grad = p.grad();
       if (grad.defined()) {
-        TORCH_CHECK(!grad.is_sparse(), kWho, ": parameter ", k, " has a sparse gradient; "
+        TORCH_CHECK(!grad.is_sparse(), kWho, ": parameter ", k,
+                    " has a sparse gradient; "
                     "only dense gradients are supported.");
         // Converts to the transfer dtype here: a value beyond float16's range becomes inf.
         slice.copy_(grad.reshape({-1}));

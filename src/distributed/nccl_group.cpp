@@ -32,7 +32,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> new_nccl_group(const c10::intrusive_ptr<c
               " and world_size ", world_size, ".");
   TORCH_CHECK(options.timeout().count() > 0, kWho, ": GroupOptions::timeout must be > 0 ms; got ",
               options.timeout().count(), " ms.");
-  TORCH_CHECK(at::hasCUDA(), kWho, ": CUDA is not available on this machine; use new_gloo_group "
+  TORCH_CHECK(at::hasCUDA(), kWho,
+              ": CUDA is not available on this machine; use new_gloo_group "
               "for CPU training.");
   static std::atomic<int> groups{0};
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(

@@ -34,8 +34,8 @@ int64_t integer_variable(const char* name, int64_t low, int64_t high, bool requi
                          int64_t fallback) {
   const char* text = variable(name);
   if (text == nullptr) {
-    TORCH_CHECK(!required, "amp::distributed: the environment variable ", name,
-                " is not set; ", kLaunchHint, ".");
+    TORCH_CHECK(!required, "amp::distributed: the environment variable ", name, " is not set; ",
+                kLaunchHint, ".");
     return fallback;
   }
   errno = 0;
@@ -56,13 +56,22 @@ std::string next_group_prefix(const char* backend) {
 
 void check_group_arguments(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
                            const GroupOptions& options, const char* who) {
-  TORCH_CHECK(store, who, ": the store is null; pass a c10d store (torchrun_store(...), a "
+  TORCH_CHECK(store, who,
+              ": the store is null; pass a c10d store (torchrun_store(...), a "
               "c10d::TCPStore or a c10d::FileStore).");
   TORCH_CHECK(world_size >= 1, who, ": world_size must be >= 1; got ", world_size, ".");
-  TORCH_CHECK(rank >= 0 && rank < world_size, who, ": rank must be in [0, world_size=",
-              world_size, "); got ", rank, ".");
+  TORCH_CHECK(rank >= 0 && rank < world_size, who, ": rank must be in [0, world_size=", world_size,
+              "); got ", rank, ".");
   TORCH_CHECK(options.timeout().count() > 0, who, ": GroupOptions::timeout must be > 0 ms; got ",
               options.timeout().count(), " ms.");
+}
+
+// c10d's message without the C++ backtrace c10::Error appends.
+std::string cause(const std::exception& error) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
+    return c10_error->what_without_backtrace();
+  }
+  return error.what();
 }
 
 }  // namespace
@@ -73,16 +82,18 @@ bool launched_by_torchrun() {
 
 TorchrunEnv torchrun_env() {
   TorchrunEnv env;
-  env.world_size = static_cast<int>(
-      integer_variable("WORLD_SIZE", 1, std::numeric_limits<int>::max(), true, 1));
+  env.world_size =
+      static_cast<int>(integer_variable("WORLD_SIZE", 1, std::numeric_limits<int>::max(), true, 1));
   env.rank = static_cast<int>(integer_variable("RANK", 0, env.world_size - 1, true, 0));
   env.local_rank = static_cast<int>(
       integer_variable("LOCAL_RANK", 0, std::numeric_limits<int>::max(), false, env.rank));
-  env.restart_count = static_cast<int>(integer_variable(
-      "TORCHELASTIC_RESTART_COUNT", 0, std::numeric_limits<int>::max(), false, 0));
+  env.restart_count = static_cast<int>(
+      integer_variable("TORCHELASTIC_RESTART_COUNT", 0, std::numeric_limits<int>::max(), false, 0));
   const char* addr = variable("MASTER_ADDR");
-  TORCH_CHECK(addr != nullptr, "amp::distributed: the environment variable MASTER_ADDR is not "
-              "set; ", kLaunchHint, ".");
+  TORCH_CHECK(addr != nullptr,
+              "amp::distributed: the environment variable MASTER_ADDR is not "
+              "set; ",
+              kLaunchHint, ".");
   env.master_addr = addr;
   env.master_port = static_cast<uint16_t>(integer_variable("MASTER_PORT", 1, 65535, true, 0));
   const char* agent = variable("TORCHELASTIC_USE_AGENT_STORE");
@@ -104,12 +115,12 @@ c10::intrusive_ptr<c10d::Store> torchrun_store(const TorchrunEnv& env,
   try {
     return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
   } catch (const std::exception& error) {
-    TORCH_CHECK(false, "amp::distributed: rank ", env.rank, " of ", env.world_size,
-                " could not ", options.isServer ? "host" : "reach", " the rendezvous store at ",
-                env.master_addr, ":", env.master_port, " within ", timeout.count(),
+    TORCH_CHECK(false, "amp::distributed: rank ", env.rank, " of ", env.world_size, " could not ",
+                options.isServer ? "host" : "reach", " the rendezvous store at ", env.master_addr,
+                ":", env.master_port, " within ", timeout.count(),
                 " ms (GroupOptions::timeout). Check that all WORLD_SIZE processes started and "
                 "that MASTER_ADDR/MASTER_PORT are reachable. c10d said: ",
-                error.what());
+                cause(error));
   }
 }
 
@@ -137,7 +148,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> new_gloo_group(const c10::intrusive_ptr<c
     TORCH_CHECK(false, kWho, ": rank ", rank, " of ", world_size,
                 " could not connect to the other ranks within ", options.timeout().count(),
                 " ms (GroupOptions::timeout). Check that all ", world_size,
-                " processes started and share the store. c10d said: ", error.what());
+                " processes started and share the store. c10d said: ", cause(error));
   }
   auto group = c10::make_intrusive<c10d::ProcessGroup>(prefixed, rank, world_size);
   for (const c10::DeviceType type : device_types) {
@@ -159,7 +170,8 @@ bool built_with_nccl() { return false; }
 
 c10::intrusive_ptr<c10d::ProcessGroup> new_nccl_group(const c10::intrusive_ptr<c10d::Store>&, int,
                                                       int, const GroupOptions&) {
-  TORCH_CHECK(false, "amp::distributed::new_nccl_group: this amp was built without NCCL process "
+  TORCH_CHECK(false,
+              "amp::distributed::new_nccl_group: this amp was built without NCCL process "
               "groups (AMP_WITH_CUDA=OFF or no NCCL headers); rebuild amp with CUDA, or use "
               "new_gloo_group (Gloo also moves CUDA tensors, through host memory).");
 }

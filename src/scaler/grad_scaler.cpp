@@ -1,6 +1,8 @@
 // amp::GradScaler: torch.amp.GradScaler's state machine, scaling, unscaling, stepping and update.
 #include <amp/grad_scaler.h>
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -63,6 +65,8 @@ ConcurrentUseDetector::Scope::~Scope() {
 
 }  // namespace detail
 
+FoundInfSync::~FoundInfSync() = default;
+
 GradScaler::GradScaler(GradScalerOptions options)
     : GradScaler(c10::DeviceType::CUDA, std::move(options)) {}
 
@@ -78,6 +82,10 @@ GradScaler::GradScaler(c10::DeviceType device, GradScalerOptions options)
       detail::check_cuda_kernels_built(built_with_cuda());
     }
   }
+  // Before the local checks, and when disabled too: every rank must reach this collective, and a
+  // scaler that disabled itself on one rank only is a difference worth refusing.
+  if (options_.found_inf_sync())
+    options_.found_inf_sync()->check_same_configuration(device_type_, options_);
   if (!options_.enabled()) return;
   detail::check_init_scale(options_.init_scale());
   detail::check_growth_factor(options_.growth_factor());
@@ -281,13 +289,22 @@ std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::check_inf_per_device
   return state.found_inf_per_device;
 }
 
-at::Tensor GradScaler::combined_found_inf(const OptimizerState& state) const {
+at::Tensor GradScaler::combined_found_inf(OptimizerState& state) const {
   // Max, not Python's sum: every flag is 0 or 1, and ATen's fused kernels skip only on exactly 1.
   at::Tensor found = state.found_inf_per_device.front().second.to(scale_.device(),
                                                                   /*non_blocking=*/true);
   for (size_t i = 1; i < state.found_inf_per_device.size(); ++i) {
     found = at::maximum(found, state.found_inf_per_device[i].second.to(scale_.device(),
                                                                        /*non_blocking=*/true));
+  }
+  if (const auto& sync = options_.found_inf_sync()) {
+    // A copy: the per-device flags may be held by callers of check_inf_per_device. Max over
+    // ranks (Python's ShardedGradScaler sums), so the flag stays exactly 0 or 1. The reduced flag
+    // replaces the local ones, so that update() sees what every rank decided on.
+    if (found.is_same(state.found_inf_per_device.front().second)) found = found.clone();
+    sync->all_reduce_max_(found);
+    state.found_inf_per_device = {{found.device(), found}};
+    state.synced = true;
   }
   return found;
 }
@@ -392,6 +409,17 @@ void GradScaler::update() {
   at::Tensor found_inf_combined = found_infs.front();
   for (size_t i = 1; i < found_infs.size(); ++i)
     found_inf_combined = found_inf_combined + found_infs[i];
+  // Flags recorded by unscale_ or check_inf_per_device without a step() were not combined across
+  // ranks yet: one more collective then (the same on every rank, as every rank made the same
+  // calls). The map's order differs across ranks, so no collective is issued while walking it.
+  if (const auto& sync = options_.found_inf_sync()) {
+    const bool all_synced = std::all_of(per_optimizer_states_.begin(), per_optimizer_states_.end(),
+                                        [](const auto& entry) { return entry.second.synced; });
+    if (!all_synced) {
+      if (found_infs.size() == 1) found_inf_combined = found_inf_combined.clone();
+      sync->all_reduce_max_(found_inf_combined);
+    }
+  }
 
   const auto optional = [](const at::Tensor& t) {
     return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
