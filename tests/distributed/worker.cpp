@@ -1,0 +1,252 @@
+// One rank of a multi-process amp::distributed test, started like a torchrun rank by
+// tests/distributed.tests.cpp: runs the scenario named on its command line and prints what it
+// saw as "key value" lines (float values as hex bit patterns, compared exactly by the test).
+#include <cinttypes>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/optim/sgd.h>
+
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <amp/distributed.h>
+#include <amp/grad_scaler.h>
+#include <amp/optim.h>
+
+#include "support/host_reads.h"
+
+namespace {
+
+namespace dist = amp::distributed;
+
+std::string hex(const at::Tensor& values) {
+  const at::Tensor host = values.detach().to(at::kCPU, at::kFloat).contiguous().reshape({-1});
+  std::string text;
+  char word[16];
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    uint32_t bits = 0;
+    const float value = host.data_ptr<float>()[i];
+    std::memcpy(&bits, &value, sizeof bits);
+    std::snprintf(word, sizeof word, "%s%08" PRIx32, i > 0 ? "," : "", bits);
+    text += word;
+  }
+  return text;
+}
+
+void print(const std::string& key, const std::string& value) {
+  std::printf("%s %s\n", key.c_str(), value.c_str());
+  std::fflush(stdout);
+}
+
+dist::GroupOptions group_options() {
+  const char* timeout = std::getenv("AMP_TEST_TIMEOUT_MS");
+  return dist::GroupOptions()
+      .timeout(std::chrono::milliseconds(timeout ? std::atoll(timeout) : 60000))
+      .gloo_hostname("127.0.0.1");
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, at::Tensor w) {
+  if (kind == "sgd") return std::make_unique<torch::optim::SGD>(std::vector<at::Tensor>{w}, 0.5);
+  if (kind == "fused_sgd") {
+    return std::make_unique<amp::optim::FusedSGD>(std::vector<at::Tensor>{w},
+                                                  amp::optim::FusedSGDOptions(0.5));
+  }
+  if (kind == "fused_adamw") {
+    return std::make_unique<amp::optim::FusedAdamW>(std::vector<at::Tensor>{w},
+                                                    amp::optim::FusedAdamWOptions(0.01));
+  }
+  throw std::runtime_error("unknown optimizer " + kind);
+}
+
+// Four steps of a one-parameter model, the same data on every rank; rank 1's gradient holds an
+// inf in step 2. With the flag synced every rank skips step 2.
+void skip_together(const dist::TorchrunEnv& env, const std::string& optimizer, bool sync) {
+  auto group = dist::init_gloo_from_torchrun(group_options());
+  amp::GradScalerOptions options;
+  if (sync) options.found_inf_sync(dist::found_inf_sync(group));
+  amp::GradScaler scaler(c10::DeviceType::CPU, options);
+  at::Tensor w = at::ones({4}).requires_grad_();
+  const at::Tensor x = at::tensor({0.25f, 0.5f, -0.75f, 1.0f});
+  auto opt = make_optimizer(optimizer, w);
+  int64_t host_reads = 0;
+  for (int step = 1; step <= 4; ++step) {
+    opt->zero_grad();
+    scaler.scale((w * x).sum()).backward();
+    if (step == 2 && env.rank == 1)
+      w.mutable_grad()[1].fill_(std::numeric_limits<float>::infinity());
+    amp::StepResult result;
+    {
+      amp_test::HostReadRecorder recorder;
+      result = scaler.step(*opt);
+      scaler.update();
+      host_reads += static_cast<int64_t>(recorder.reads().size());
+    }
+    const std::string key = "step" + std::to_string(step);
+    print(key + ".found_inf", hex(result.found_inf));
+    print(key + ".scale", hex(scaler.scale_tensor()));
+    print(key + ".params", hex(w));
+  }
+  print("host_reads", std::to_string(host_reads));
+}
+
+// Gradients of known values through GradientAllReduce; printed for the test to compare with the
+// average it computes itself.
+void all_reduce(const dist::TorchrunEnv& env, const std::string& comm, int64_t bucket_bytes) {
+  auto group = dist::init_gloo_from_torchrun(group_options());
+  dist::GradientAllReduceOptions options;
+  options.bucket_bytes(bucket_bytes);
+  if (comm == "fp16") options.comm_dtype(at::kHalf);
+  if (comm == "bf16") options.comm_dtype(at::kBFloat16);
+  const std::vector<std::vector<int64_t>> shapes{{0}, {1}, {7}, {3, 5}, {33}, {2}};
+  std::vector<at::Tensor> params;
+  for (size_t j = 0; j < shapes.size(); ++j) {
+    at::Tensor p = at::zeros(shapes[j]).requires_grad_();
+    // Parameter 4 has no gradient on rank 0, parameter 5 on no rank.
+    const bool has_grad = j != 5 && !(j == 4 && env.rank == 0);
+    if (has_grad) {
+      at::Tensor grad = at::empty(shapes[j]);
+      auto flat = grad.view({-1});
+      for (int64_t i = 0; i < flat.numel(); ++i) {
+        flat[i].fill_(static_cast<double>(env.world_size * (env.rank + 1) *
+                                          ((i + static_cast<int64_t>(j)) % 5 + 1)));
+      }
+      p.mutable_grad() = grad;
+    }
+    params.push_back(p);
+  }
+  dist::GradientAllReduce reducer(params, group, options);
+  print("buckets", std::to_string(reducer.buckets().size()));
+  reducer.all_reduce_();
+  for (size_t j = 0; j < params.size(); ++j) {
+    const at::Tensor& grad = params[j].grad();
+    print("grad" + std::to_string(j),
+          grad.defined() ? (grad.numel() ? hex(grad) : "empty") : "undefined");
+    print("dtype" + std::to_string(j),
+          grad.defined() ? std::string(c10::toString(grad.scalar_type())) : "-");
+  }
+}
+
+// Rank 1 has one gradient element beyond float16's range: with fp16 transfer it becomes inf on
+// every rank and every rank skips; with bf16 it is an ordinary value.
+void overflow(const dist::TorchrunEnv& env, const std::string& comm) {
+  auto group = dist::init_gloo_from_torchrun(group_options());
+  amp::GradScaler scaler(c10::DeviceType::CPU,
+                         amp::GradScalerOptions().found_inf_sync(dist::found_inf_sync(group)));
+  at::Tensor w = at::zeros({4}).requires_grad_();
+  torch::optim::SGD opt({w}, 1.0);
+  dist::GradientAllReduce reducer(
+      {w}, group,
+      dist::GradientAllReduceOptions().comm_dtype(comm == "fp16" ? at::kHalf : at::kBFloat16));
+  scaler.scale((w * at::tensor({0.25f, 0.125f, 0.0625f, 0.03125f})).sum()).backward();
+  if (env.rank == 1) w.mutable_grad()[0].fill_(7e4);
+  reducer.all_reduce_();
+  const amp::StepResult result = scaler.step(opt);
+  scaler.update();
+  print("found_inf", hex(result.found_inf));
+  print("taken", result.outcome == amp::StepOutcome::kTaken ? "1" : "0");
+  print("scale", hex(scaler.scale_tensor()));
+  print("params", hex(w));
+}
+
+// The last rank's scaler has another growth_interval.
+void options_differ(const dist::TorchrunEnv& env) {
+  auto group = dist::init_gloo_from_torchrun(group_options());
+  amp::GradScalerOptions options;
+  options.found_inf_sync(dist::found_inf_sync(group));
+  if (env.rank == env.world_size - 1) options.growth_interval(1000).backoff_factor(0.25);
+  amp::GradScaler scaler(c10::DeviceType::CPU, options);
+  print("constructed", "1");
+}
+
+// The last rank exits right after joining; the others go on training.
+void dies(const dist::TorchrunEnv& env) {
+  auto group = dist::init_gloo_from_torchrun(group_options());
+  amp::GradScaler scaler(c10::DeviceType::CPU,
+                         amp::GradScalerOptions().found_inf_sync(dist::found_inf_sync(group)));
+  print("joined", "1");
+  if (env.rank == env.world_size - 1) std::_Exit(3);
+  at::Tensor w = at::ones({4}).requires_grad_();
+  torch::optim::SGD opt({w}, 0.5);
+  for (int step = 0; step < 1000; ++step) {
+    opt.zero_grad();
+    scaler.scale(w.sum()).backward();
+    scaler.step(opt);
+    scaler.update();
+  }
+  print("finished", "1");
+}
+
+// The last rank stops taking part (sleeps) right after joining; the others go on training.
+void stalls(const dist::TorchrunEnv& env) {
+  auto group = dist::init_gloo_from_torchrun(group_options());
+  amp::GradScaler scaler(c10::DeviceType::CPU,
+                         amp::GradScalerOptions().found_inf_sync(dist::found_inf_sync(group)));
+  at::Tensor w = at::ones({4}).requires_grad_();
+  torch::optim::SGD opt({w}, 0.5);
+  dist::GradientAllReduce reducer({w}, group);
+  print("joined", "1");
+  if (env.rank == env.world_size - 1) {
+    ::sleep(12);
+    return;
+  }
+  opt.zero_grad();
+  scaler.scale(w.sum()).backward();
+  reducer.all_reduce_();
+  print("finished", "1");
+}
+
+void join() {
+  auto group = dist::init_gloo_from_torchrun(group_options());
+  print("joined", std::to_string(group->getSize()));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Never outlive the test that started this rank, even when it is killed.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (const char* parent = std::getenv("AMP_TEST_PARENT_PID")) {
+    if (::getppid() != static_cast<pid_t>(std::atoll(parent))) return 2;
+  }
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    const dist::TorchrunEnv env = dist::torchrun_env();
+    const std::string scenario = args.empty() ? "" : args[0];
+    if (scenario == "skip" && args.size() == 3) {
+      skip_together(env, args[1], args[2] == "sync");
+    } else if (scenario == "all_reduce" && args.size() == 3) {
+      all_reduce(env, args[1], std::atoll(args[2].c_str()));
+    } else if (scenario == "overflow" && args.size() == 2) {
+      overflow(env, args[1]);
+    } else if (scenario == "options_differ") {
+      options_differ(env);
+    } else if (scenario == "dies") {
+      dies(env);
+    } else if (scenario == "stalls") {
+      stalls(env);
+    } else if (scenario == "join") {
+      join();
+    } else {
+      std::fprintf(stderr,
+                   "usage: amp_distributed_worker "
+                   "skip|all_reduce|overflow|options_differ|dies|stalls|join ...\n");
+      return 64;
+    }
+  } catch (const c10::Error& error) {
+    std::fprintf(stderr, "error: %s\n", error.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "error: %s\n", error.what());
+    return 1;
+  }
+  return 0;
+}
