@@ -87,6 +87,11 @@ AMP_DISTRIBUTED_EXPORT c10::intrusive_ptr<c10d::ProcessGroup> new_nccl_group(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
     const GroupOptions& options = {});
 
+/// new_nccl_group over torchrun_store(torchrun_env()), after making cuda:LOCAL_RANK the current
+/// device (one GPU per rank): the CUDA process group of a program started by torchrun.
+AMP_DISTRIBUTED_EXPORT c10::intrusive_ptr<c10d::ProcessGroup> init_nccl_from_torchrun(
+    const GroupOptions& options = {});
+
 /// A GradScalerOptions::found_inf_sync over `group`: the scaler's inf/NaN flag is all-reduced
 /// (MAX) before every skip decision and scale update, so every rank skips together and holds the
 /// same scale. One 4-byte collective per GradScaler::step (plus one in update() for flags

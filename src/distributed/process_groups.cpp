@@ -11,6 +11,7 @@
 #include <string>
 
 #include <ATen/Context.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -158,11 +159,40 @@ c10::intrusive_ptr<c10d::ProcessGroup> new_gloo_group(const c10::intrusive_ptr<c
   return group;
 }
 
+namespace {
+
+// torchrun's store, under a prefix of this attempt: a restarted job never reads the keys of an
+// earlier one.
+c10::intrusive_ptr<c10d::Store> attempt_store(const TorchrunEnv& env,
+                                              std::chrono::milliseconds timeout) {
+  return c10::make_intrusive<c10d::PrefixStore>("amp/attempt" + std::to_string(env.restart_count),
+                                                torchrun_store(env, timeout));
+}
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::ProcessGroup> init_gloo_from_torchrun(const GroupOptions& options) {
   const TorchrunEnv env = torchrun_env();
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      "amp/attempt" + std::to_string(env.restart_count), torchrun_store(env, options.timeout()));
-  return new_gloo_group(store, env.rank, env.world_size, options);
+  return new_gloo_group(attempt_store(env, options.timeout()), env.rank, env.world_size, options);
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> init_nccl_from_torchrun(const GroupOptions& options) {
+  const TorchrunEnv env = torchrun_env();
+  TORCH_CHECK(built_with_nccl() && at::hasCUDA(),
+              "amp::distributed::init_nccl_from_torchrun: NCCL groups need CUDA and an amp built "
+              "with them (built_with_nccl() is ",
+              built_with_nccl() ? "true" : "false", ", CUDA is ",
+              at::hasCUDA() ? "available" : "not available",
+              "); use init_gloo_from_torchrun for CPU training.");
+  const auto& guard = *c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  TORCH_CHECK(env.local_rank < guard.deviceCount(),
+              "amp::distributed::init_nccl_from_torchrun: "
+              "LOCAL_RANK=",
+              env.local_rank, " but this machine has ", guard.deviceCount(),
+              " GPUs; start at most that many processes per node (--nproc-per-node).");
+  guard.setDevice(
+      c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(env.local_rank)));
+  return new_nccl_group(attempt_store(env, options.timeout()), env.rank, env.world_size, options);
 }
 
 #ifndef AMP_DISTRIBUTED_WITH_NCCL

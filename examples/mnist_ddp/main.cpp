@@ -1,0 +1,259 @@
+// The seed's program trained data-parallel: Linear(784, 10) on MNIST-format images, each of the
+// processes torchrun starts training on its shard of every epoch (as DistributedSampler shards),
+// gradients averaged with amp::distributed::GradientAllReduce, fp16 autocast with a GradScaler
+// whose skip decisions every rank shares. Gloo on the CPU, NCCL on CUDA.
+#include <amp/autocast.h>
+#include <amp/distributed.h>
+#include <amp/grad_scaler.h>
+
+#include <ATen/ops/randperm.h>
+#include <fmt/format.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/cli.h"
+#include "common/evaluate.h"
+#include "common/fingerprint.h"
+#include "common/mnist_tensors.h"
+#include "common/precision.h"
+#include "common/program.h"
+#include "common/train_monitor.h"
+
+namespace {
+
+namespace dist = amp::distributed;
+using amp_examples::Clock;
+using amp_examples::ImageSet;
+using amp_examples::kImagePixels;
+using amp_examples::kNumClasses;
+using amp_examples::seconds_since;
+
+constexpr std::int64_t kEvalChunk = 1000;
+
+/// A value of --comm-dtype: the dtype gradients travel in.
+struct CommChoice {
+  std::string_view name;
+  std::optional<c10::ScalarType> dtype;
+};
+
+constexpr std::array kCommDtypes = {
+    CommChoice{"fp32", std::nullopt},
+    CommChoice{"bf16", c10::ScalarType::BFloat16},
+    CommChoice{"fp16", c10::ScalarType::Half},
+};
+
+struct Settings {
+  std::filesystem::path data_dir = "/usr/share/datasets/fashion-mnist";
+  std::int64_t epochs = 5;
+  /// The global batch: every step averages the gradients of batch_size images over all ranks.
+  std::int64_t batch_size = 64;
+  double lr = 0.01;
+  std::int64_t seed = 0;
+  amp_examples::Precision precision = amp_examples::kPrecisions[2];  // fp16
+  amp_examples::DeviceChoice device = amp_examples::kDevices[0];     // cpu
+  CommChoice comm = kCommDtypes[0];
+  double bucket_mb = 25;
+  std::int64_t timeout_s = 300;
+};
+
+struct MyModelImpl : torch::nn::Module {
+  MyModelImpl() : fc(register_module("fc", torch::nn::Linear(kImagePixels, kNumClasses))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc(x.view({-1, kImagePixels})); }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(MyModel);
+
+/// This rank's indices for `epoch`, as torch.utils.data.DistributedSampler(shuffle=True,
+/// drop_last=False) makes them: a permutation drawn from a generator seeded with seed + epoch,
+/// padded from its start to a multiple of the world size, then every world_size-th index from
+/// `rank`. Every rank gets the same count; the union of the ranks' k-th batches is the k-th batch
+/// of the one-process order.
+torch::Tensor shard(std::int64_t size, std::int64_t seed, std::int64_t epoch, int rank, int world) {
+  at::Generator generator = at::detail::createCPUGenerator(static_cast<uint64_t>(seed + epoch));
+  torch::Tensor order = at::randperm(size, generator, torch::kInt64);
+  const std::int64_t total = (size + world - 1) / world * world;
+  if (total > size) order = torch::cat({order, order.slice(0, 0, total - size)});
+  return order.slice(0, rank, total, world);
+}
+
+/// The process group and what rides on it; empty for a single process.
+struct Parallel {
+  dist::TorchrunEnv env;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+};
+
+Parallel join(const Settings& settings) {
+  Parallel parallel;
+  if (!dist::launched_by_torchrun()) return parallel;  // one process: rank 0 of 1
+  parallel.env = dist::torchrun_env();
+  const auto options = dist::GroupOptions().timeout(std::chrono::seconds(settings.timeout_s));
+  // NCCL on CUDA (one GPU per rank: cuda:LOCAL_RANK), Gloo on the CPU.
+  parallel.group = settings.device.type == c10::DeviceType::CUDA
+                       ? dist::init_nccl_from_torchrun(options)
+                       : dist::init_gloo_from_torchrun(options);
+  return parallel;
+}
+
+void run(const Settings& settings) {
+  amp_examples::require_device(settings.device);
+  const auto start = Clock::now();
+  const Parallel parallel = join(settings);
+  const int rank = parallel.env.rank;
+  const int world = parallel.env.world_size;
+  const bool lead = rank == 0;
+  if (settings.batch_size % world != 0) {
+    throw amp_examples::UsageError(fmt::format(
+        "--batch-size {} is the global batch and must divide evenly among the {} ranks; use a "
+        "multiple of {}",
+        settings.batch_size, world, world));
+  }
+  const std::int64_t local_batch = settings.batch_size / world;
+  const c10::DeviceType device = settings.device.type;
+  const c10::Device on =
+      device == c10::DeviceType::CUDA
+          ? c10::Device(device, static_cast<c10::DeviceIndex>(parallel.env.local_rank))
+          : c10::Device(device);
+  const auto [train, test] =
+      amp_examples::load_image_data(settings.data_dir, amp_examples::Pixels::kUnitRange, device);
+
+  torch::manual_seed(static_cast<std::uint64_t>(settings.seed));
+  MyModel model;  // the same seed on every rank: the same initial weights, no broadcast needed
+  model->to(on);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(settings.lr));
+  amp::GradScalerOptions scaler_options =
+      amp::GradScalerOptions().enabled(settings.precision.loss_scaling).track_counters(true);
+  std::optional<dist::GradientAllReduce> reducer;
+  if (parallel.group) {
+    scaler_options.found_inf_sync(dist::found_inf_sync(parallel.group));
+    reducer.emplace(model->parameters(), parallel.group,
+                    dist::GradientAllReduceOptions()
+                        .bucket_bytes(static_cast<std::int64_t>(settings.bucket_mb * 1024 * 1024))
+                        .comm_dtype(settings.comm.dtype));
+  }
+  amp::GradScaler scaler(device, scaler_options);
+  if (lead) {
+    fmt::print(
+        "mnist_ddp: {} rank{} ({}), global batch {} ({} per rank), precision {}, gradients in "
+        "{}, epochs {}, lr {}, seed {}\n",
+        world, world > 1 ? "s" : "", parallel.group ? parallel.group->getBackendName() : "no group",
+        settings.batch_size, local_batch, settings.precision.name, settings.comm.name,
+        settings.epochs, settings.lr, settings.seed);
+    fmt::print("data: {} training and {} test images from {} ({:.2f} s)\n", train.size(),
+               test.size(), settings.data_dir.string(), seconds_since(start));
+    std::fflush(stdout);
+  }
+
+  const auto training_start = Clock::now();
+  double accuracy = 0;
+  int64_t skipped_before = 0;
+  for (std::int64_t epoch = 1; epoch <= settings.epochs; ++epoch) {
+    const auto epoch_start = Clock::now();
+    model->train();
+    const torch::Tensor mine = shard(train.size(), settings.seed, epoch, rank, world).to(on);
+    torch::Tensor loss_sum =
+        torch::zeros({2}, torch::TensorOptions().dtype(torch::kFloat64).device(on));
+    std::int64_t steps = 0;
+    for (std::int64_t begin = 0; begin < mine.size(0); begin += local_batch, ++steps) {
+      const torch::Tensor batch = mine.slice(0, begin, std::min(begin + local_batch, mine.size(0)));
+      optimizer.zero_grad();
+      torch::Tensor loss;
+      {
+        amp::AutocastGuard autocast(device, settings.precision.autocast_dtype,
+                                    settings.precision.autocast_dtype.has_value());
+        loss = torch::nn::functional::cross_entropy(
+            model->forward(train.images.index_select(0, batch)),
+            train.labels.index_select(0, batch));
+      }
+      scaler.scale(loss).backward();
+      if (reducer) reducer->all_reduce_();  // averaged over the ranks: the global batch's gradient
+      scaler.step(optimizer);
+      scaler.update();
+      loss_sum[0] += loss.detach().to(torch::kFloat64) * batch.size(0);
+      loss_sum[1] += batch.size(0);
+    }
+    if (parallel.group) {
+      // The epoch's loss over all ranks' images (a report only; training does not wait for it).
+      std::vector<at::Tensor> tensors{loss_sum};
+      parallel.group->allreduce(tensors)->wait();
+    }
+    const double loss = loss_sum[0].item<double>() / loss_sum[1].item<double>();
+    accuracy = amp_examples::test_accuracy(model, test, settings.precision, device, kEvalChunk);
+    const int64_t skipped = scaler.is_enabled() ? scaler.counters().steps_skipped : 0;
+    const double epoch_seconds = seconds_since(epoch_start);
+    if (lead) {
+      fmt::print(
+          "epoch {}/{}: mean train loss {:.6f}, test accuracy {:.2f}%{}, {:.2f} s, {:.0f} "
+          "samples/s\n",
+          epoch, settings.epochs, loss, 100 * accuracy,
+          scaler.is_enabled() ? fmt::format(", loss scale {:g}, skipped steps {} of {}",
+                                            scaler.get_scale(), skipped - skipped_before, steps)
+                              : std::string(),
+          epoch_seconds, static_cast<double>(train.size()) / epoch_seconds);
+      std::fflush(stdout);
+    }
+    skipped_before = skipped;
+  }
+  // Every rank prints its own: equal fingerprints mean bit-identical parameters on every rank.
+  fmt::print("rank {} parameters: fingerprint {:016x}\n", rank,
+             amp_examples::parameter_fingerprint(model->parameters()));
+  std::fflush(stdout);
+  if (parallel.group) {
+    // Rank 0's closing line comes after every rank's fingerprint.
+    std::vector<at::Tensor> done{torch::zeros({1}, torch::TensorOptions().device(on))};
+    parallel.group->allreduce(done)->wait();
+  }
+  if (lead) {
+    fmt::print(
+        "done: precision {}, {} rank{}, test accuracy {:.2f}%, training {:.2f} s, total "
+        "{:.2f} s\n",
+        settings.precision.name, world, world > 1 ? "s" : "", 100 * accuracy,
+        seconds_since(training_start), seconds_since(start));
+  }
+}
+
+amp_examples::CommandLine make_command_line(Settings& s) {
+  amp_examples::CommandLine cli(
+      "mnist_ddp",
+      "Trains the seed's linear classifier data-parallel: start it with\n"
+      "`torchrun --no-python --nproc-per-node N mnist_ddp [options]` (alone it runs as one\n"
+      "process). Each rank trains on its shard of every epoch, gradients are averaged over the\n"
+      "ranks (amp::distributed::GradientAllReduce), and fp16 steps are skipped on all ranks\n"
+      "together (amp::GradScaler with amp::distributed::found_inf_sync). Gloo on the CPU, NCCL\n"
+      "on CUDA.");
+  amp_examples::add_data_option(cli, s.data_dir);
+  cli.add_integer_option("epochs", "N", "passes over the training set", s.epochs, 1);
+  cli.add_integer_option("batch-size", "N", "images per step over all ranks (global batch)",
+                         s.batch_size, 1);
+  cli.add_positive_option("lr", "RATE", "SGD learning rate", s.lr);
+  cli.add_integer_option("seed", "N", "seed of the weights and of the epochs' shuffles", s.seed, 0);
+  amp_examples::add_precision_option(cli, s.precision);
+  amp_examples::add_device_option(cli, s.device);
+  cli.add_choice_option("comm-dtype", "dtype the gradients travel in between ranks", kCommDtypes,
+                        s.comm);
+  cli.add_positive_option("bucket-mb", "MB", "largest gradient bucket per all-reduce", s.bucket_mb);
+  cli.add_integer_option("timeout-s", "SECONDS",
+                         "how long to wait for a rank that is late, hung or gone", s.timeout_s, 1);
+  return cli;
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  Settings settings;
+  const amp_examples::CommandLine cli = make_command_line(settings);
+  return amp_examples::run_program(
+      cli, argc, argv, [] {}, [&] { run(settings); });
+}
