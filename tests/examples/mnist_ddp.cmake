@@ -1,0 +1,22 @@
+# mnist_ddp's runs (included by CMakeLists.txt when amp::distributed is built): the fixture
+# trained by 2 and 3 processes under torchrun on Gloo, in each transfer dtype, against the
+# one-process run.
+get_filename_component(_amp_venv_bin "${AMP_PYTHON}" DIRECTORY)
+function(amp_example_ddp name ranks epochs)
+  list(JOIN ARGN "|" _args)
+  add_test(NAME example.mnist_ddp.${name}
+    COMMAND "${CMAKE_COMMAND}" "-DTORCHRUN=${_amp_venv_bin}/torchrun"
+      "-DPROGRAM=$<TARGET_FILE:mnist_ddp>" "-DRANKS=${ranks}" "-DEPOCHS=${epochs}"
+      "-DARGS=${_args}" -P "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/check_ddp.cmake")
+  set_tests_properties(example.mnist_ddp.${name} PROPERTIES
+    FIXTURES_REQUIRED example_idx_fixture LABELS "example;distributed" PROCESSORS ${ranks}
+    TIMEOUT 300)
+endfunction()
+
+amp_example_ddp(two_ranks_fp16_under_torchrun 2 4
+  --data "${_fixture}/good" --epochs 4 --precision fp16)
+amp_example_ddp(two_ranks_fp16_gradients_in_fp16 2 4
+  --data "${_fixture}/good" --epochs 4 --precision fp16 --comm-dtype fp16)
+# 63 images per step divide among 3 ranks; the shards are padded as DistributedSampler pads.
+amp_example_ddp(three_ranks_bf16_gradients_in_bf16 3 4
+  --data "${_fixture}/good" --epochs 4 --precision bf16 --comm-dtype bf16 --batch-size 63)
