@@ -67,12 +67,26 @@ struct Settings {
   CommChoice comm = kCommDtypes[0];
   double bucket_mb = 25;
   std::int64_t timeout_s = 300;
+  std::int64_t hidden = 0;
 };
 
+/// The seed's MyModel, Linear(784, 10); with --hidden N an MLP, Linear(784, N), ReLU,
+/// Linear(N, 10), which has more arithmetic per byte of gradient to communicate.
 struct MyModelImpl : torch::nn::Module {
-  MyModelImpl() : fc(register_module("fc", torch::nn::Linear(kImagePixels, kNumClasses))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return fc(x.view({-1, kImagePixels})); }
-  torch::nn::Linear fc;
+  explicit MyModelImpl(std::int64_t hidden) {
+    if (hidden == 0) {
+      fc = register_module("fc", torch::nn::Linear(kImagePixels, kNumClasses));
+    } else {
+      fc = register_module("fc", torch::nn::Linear(kImagePixels, hidden));
+      out = register_module("out", torch::nn::Linear(hidden, kNumClasses));
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor y = fc(x.view({-1, kImagePixels}));
+    return out ? out(torch::relu(y)) : y;
+  }
+  torch::nn::Linear fc{nullptr};
+  torch::nn::Linear out{nullptr};
 };
 TORCH_MODULE(MyModel);
 
@@ -130,7 +144,7 @@ void run(const Settings& settings) {
       amp_examples::load_image_data(settings.data_dir, amp_examples::Pixels::kUnitRange, device);
 
   torch::manual_seed(static_cast<std::uint64_t>(settings.seed));
-  MyModel model;  // the same seed on every rank: the same initial weights, no broadcast needed
+  MyModel model(settings.hidden);  // the same seed on every rank: the same initial weights, no broadcast needed
   model->to(on);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(settings.lr));
   amp::GradScalerOptions scaler_options =
@@ -147,10 +161,12 @@ void run(const Settings& settings) {
   if (lead) {
     fmt::print(
         "mnist_ddp: {} rank{} ({}), global batch {} ({} per rank), precision {}, gradients in "
-        "{}, epochs {}, lr {}, seed {}\n",
+        "{}, epochs {}, lr {}, seed {}, model {}\n",
         world, world > 1 ? "s" : "", parallel.group ? parallel.group->getBackendName() : "no group",
         settings.batch_size, local_batch, settings.precision.name, settings.comm.name,
-        settings.epochs, settings.lr, settings.seed);
+        settings.epochs, settings.lr, settings.seed,
+        settings.hidden == 0 ? std::string("Linear(784, 10)")
+                             : fmt::format("MLP 784-{}-10", settings.hidden));
     fmt::print("data: {} training and {} test images from {} ({:.2f} s)\n", train.size(),
                test.size(), settings.data_dir.string(), seconds_since(start));
     std::fflush(stdout);
@@ -190,9 +206,9 @@ void run(const Settings& settings) {
       parallel.group->allreduce(tensors)->wait();
     }
     const double loss = loss_sum[0].item<double>() / loss_sum[1].item<double>();
+    const double epoch_seconds = seconds_since(epoch_start);  // training only
     accuracy = amp_examples::test_accuracy(model, test, settings.precision, device, kEvalChunk);
     const int64_t skipped = scaler.is_enabled() ? scaler.counters().steps_skipped : 0;
-    const double epoch_seconds = seconds_since(epoch_start);
     if (lead) {
       fmt::print(
           "epoch {}/{}: mean train loss {:.6f}, test accuracy {:.2f}%{}, {:.2f} s, {:.0f} "
@@ -244,6 +260,9 @@ amp_examples::CommandLine make_command_line(Settings& s) {
   cli.add_choice_option("comm-dtype", "dtype the gradients travel in between ranks", kCommDtypes,
                         s.comm);
   cli.add_positive_option("bucket-mb", "MB", "largest gradient bucket per all-reduce", s.bucket_mb);
+  cli.add_integer_option("hidden", "N",
+                         "hidden units of an MLP instead of the seed's linear model (0: linear)",
+                         s.hidden, 0);
   cli.add_integer_option("timeout-s", "SECONDS",
                          "how long to wait for a rank that is late, hung or gone", s.timeout_s, 1);
   return cli;
