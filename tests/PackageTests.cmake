@@ -38,7 +38,33 @@ foreach(_consumer IN ITEMS find_package own_fmt)
     FIXTURES_REQUIRED amp_package LABELS package)
 endforeach()
 
-# The AMP_WITH_CUDA=OFF configuration must build (a CPU-only LibTorch needs it).
+# The optional component, through find_package(amp COMPONENTS distributed).
+if(AMP_WITH_DISTRIBUTED)
+  add_test(NAME package.consumer_distributed
+    COMMAND "${CMAKE_CTEST_COMMAND}" --build-and-test
+      "${CMAKE_CURRENT_SOURCE_DIR}/package/consumer_distributed"
+      "${CMAKE_CURRENT_BINARY_DIR}/consumer_distributed"
+      --build-generator Ninja
+      --build-options ${_amp_consumer_options}
+      --test-command consumer)
+  set_tests_properties(package.consumer_distributed PROPERTIES
+    FIXTURES_REQUIRED amp_package LABELS "package;distributed"
+    PASS_REGULAR_EXPRESSION "distributed 1: 1 of 2 steps taken, scale 32768")
+  # Without c10d (AMP_WITH_DISTRIBUTED=OFF) the core library builds and says so.
+  add_test(NAME package.builds_without_distributed
+    COMMAND "${CMAKE_CTEST_COMMAND}" --build-and-test
+      "${PROJECT_SOURCE_DIR}" "${CMAKE_CURRENT_BINARY_DIR}/without-distributed"
+      --build-generator Ninja
+      --build-options ${_amp_consumer_options}
+        -DAMP_WITH_CUDA=OFF -DAMP_WITH_DISTRIBUTED=OFF -DAMP_BUILD_TESTS=OFF
+        -DAMP_BUILD_EXAMPLES=OFF -DAMP_BUILD_BENCHMARKS=OFF "-DAMP_PYTHON=${AMP_PYTHON}"
+      --test-command "${CMAKE_COMMAND}" -E cat include/amp/version.h)
+  set_tests_properties(package.builds_without_distributed PROPERTIES LABELS package
+    PASS_REGULAR_EXPRESSION "#define AMP_BUILT_WITH_DISTRIBUTED 0")
+endif()
+
+# The AMP_WITH_CUDA=OFF configuration must build (a CPU-only LibTorch needs it); amp::distributed
+# then has no NCCL groups.
 if(AMP_WITH_CUDA)
   add_test(NAME package.builds_without_cuda
     COMMAND "${CMAKE_CTEST_COMMAND}" --build-and-test
