@@ -102,6 +102,22 @@ TEST_CASE("An inf on one rank makes every rank skip, with equal scales and param
   }
 }
 
+TEST_CASE("CUDA scalers on two ranks sharing a GPU skip together over Gloo",
+          "[distributed][cuda]") {
+  const std::string optimizer = GENERATE("sgd", "fused_adamw");
+  CAPTURE(optimizer);
+  const auto results = run_ranks({"skip", optimizer, "sync", "cuda"}, 2);
+  require_all_succeeded(results);
+  INFO(describe(results));
+  for (const auto& r : results) {
+    CHECK(r.at("step1.found_inf") == bits(0.0f));
+    CHECK(r.at("step2.found_inf") == bits(1.0f));
+    CHECK(r.at("step2.scale") == bits(32768.0f));
+    CHECK(r.at("step2.params") == r.at("step1.params"));
+    CHECK(r.at("step4.params") == results[0].at("step4.params"));
+  }
+}
+
 TEST_CASE("Without the found-inf sync the same job lets the ranks diverge", "[distributed]") {
   // The control of the case above: it shows that the scenario can fail.
   const auto results = run_ranks({"skip", "sgd", "nosync"}, 2);
@@ -274,6 +290,39 @@ TEST_CASE("One rank: the sync and the all-reduce change nothing", "[distributed]
     CHECK(torch::equal(a, b));
   }
   CHECK(synced.get_scale() == 32768.0);
+}
+
+TEST_CASE("A one-rank NCCL group syncs a CUDA scaler and averages CUDA gradients",
+          "[distributed][cuda]") {
+  REQUIRE(dist::built_with_nccl());
+  amp_test::TempDir dir("distributed_nccl");
+  auto store = c10::make_intrusive<c10d::FileStore>((dir.path() / "store").string(), 1);
+  auto group = dist::new_nccl_group(store, 0, 1);
+  const auto cuda = at::TensorOptions(c10::DeviceType::CUDA);
+  amp::GradScaler scaler(c10::DeviceType::CUDA,
+                         amp::GradScalerOptions().found_inf_sync(dist::found_inf_sync(group)));
+  at::Tensor w = at::ones({5}, cuda).requires_grad_();
+  torch::optim::SGD optimizer({w}, 0.5);
+  dist::GradientAllReduce reducer({w}, group,
+                                  dist::GradientAllReduceOptions().comm_dtype(at::kHalf));
+  // Scaled by 2^16: step 1's gradients, 2^15, travel exactly in float16; step 2's, 2^17, overflow
+  // float16 in transfer, and the step is skipped.
+  for (int step = 1; step <= 2; ++step) {
+    optimizer.zero_grad();
+    scaler.scale(w.sum() * (step == 1 ? 0.5 : 2.0)).backward();
+    reducer.all_reduce_();
+    const amp::StepResult result = scaler.step(optimizer);
+    scaler.update();
+    CHECK(result.found_inf.device().is_cuda());
+    CHECK(result.found_inf.item<float>() == (step == 1 ? 0.0f : 1.0f));
+  }
+  CHECK(torch::equal(w.cpu(), torch::full({5}, 0.75f)));  // 1 - 0.5 * 0.5, then skipped
+  CHECK(scaler.get_scale() == 32768.0);
+  CHECK_THROWS_WITH(
+      amp::GradScaler(c10::DeviceType::CPU,
+                      amp::GradScalerOptions().found_inf_sync(dist::found_inf_sync(group))),
+      Catch::Contains("the scaler's inf/NaN flags are cpu tensors, but the process group (backend "
+                      "nccl) serves cuda"));
 }
 
 TEST_CASE("Bad distributed arguments are refused with sentences", "[distributed]") {

@@ -69,13 +69,14 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
 
 // Four steps of a one-parameter model, the same data on every rank; rank 1's gradient holds an
 // inf in step 2. With the flag synced every rank skips step 2.
-void skip_together(const dist::TorchrunEnv& env, const std::string& optimizer, bool sync) {
+void skip_together(const dist::TorchrunEnv& env, const std::string& optimizer, bool sync,
+                   c10::DeviceType device) {
   auto group = dist::init_gloo_from_torchrun(group_options());
   amp::GradScalerOptions options;
   if (sync) options.found_inf_sync(dist::found_inf_sync(group));
-  amp::GradScaler scaler(c10::DeviceType::CPU, options);
-  at::Tensor w = at::ones({4}).requires_grad_();
-  const at::Tensor x = at::tensor({0.25f, 0.5f, -0.75f, 1.0f});
+  amp::GradScaler scaler(device, options);
+  at::Tensor w = at::ones({4}, at::TensorOptions(device)).requires_grad_();
+  const at::Tensor x = at::tensor({0.25f, 0.5f, -0.75f, 1.0f}).to(device);
   auto opt = make_optimizer(optimizer, w);
   int64_t host_reads = 0;
   for (int step = 1; step <= 4; ++step) {
@@ -221,8 +222,11 @@ int main(int argc, char** argv) {
   try {
     const dist::TorchrunEnv env = dist::torchrun_env();
     const std::string scenario = args.empty() ? "" : args[0];
-    if (scenario == "skip" && args.size() == 3) {
-      skip_together(env, args[1], args[2] == "sync");
+    if (scenario == "skip" && (args.size() == 3 || args.size() == 4)) {
+      // Gloo serves CUDA tensors too (through host memory): several ranks can share one GPU.
+      skip_together(
+          env, args[1], args[2] == "sync",
+          args.size() == 4 && args[3] == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
     } else if (scenario == "all_reduce" && args.size() == 3) {
       all_reduce(env, args[1], std::atoll(args[2].c_str()));
     } else if (scenario == "overflow" && args.size() == 2) {
