@@ -29,12 +29,13 @@ struct AMP_DISTRIBUTED_EXPORT TorchrunEnv {
   int rank = 0;
   /// WORLD_SIZE: the number of processes.
   int world_size = 1;
-  /// LOCAL_RANK: the rank on this node (picks the GPU: cuda:<local_rank>); RANK when unset.
+  /// LOCAL_RANK: the rank on this node (picks the GPU: cuda:LOCAL_RANK); RANK when unset.
   int local_rank = 0;
   /// TORCHELASTIC_RESTART_COUNT: how often torchrun restarted the job (0 when unset).
   int restart_count = 0;
-  /// MASTER_ADDR and MASTER_PORT: where the rendezvous TCPStore listens.
+  /// MASTER_ADDR: the host of the rendezvous TCPStore.
   std::string master_addr;
+  /// MASTER_PORT: the port of the rendezvous TCPStore.
   uint16_t master_port = 0;
   /// TORCHELASTIC_USE_AGENT_STORE == "True": torchrun's agent hosts the store and every rank is a
   /// client; otherwise rank 0 hosts it.
@@ -81,7 +82,7 @@ AMP_DISTRIBUTED_EXPORT c10::intrusive_ptr<c10d::ProcessGroup> init_gloo_from_tor
 
 /// Whether this amp was built with NCCL process groups (AMP_WITH_CUDA and the wheel's NCCL).
 AMP_DISTRIBUTED_EXPORT bool built_with_nccl();
-/// A process group with an NCCL backend for CUDA tensors (one GPU per rank: cuda:<local_rank>
+/// A process group with an NCCL backend for CUDA tensors (one GPU per rank: cuda:LOCAL_RANK
 /// must be the current device). Throws when built_with_nccl() is false or CUDA is unavailable.
 AMP_DISTRIBUTED_EXPORT c10::intrusive_ptr<c10d::ProcessGroup> new_nccl_group(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
