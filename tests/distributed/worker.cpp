@@ -18,6 +18,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <amp/autocast.h>
 #include <amp/distributed.h>
 #include <amp/grad_scaler.h>
 #include <amp/optim.h>
@@ -205,6 +206,55 @@ void stalls(const dist::TorchrunEnv& env) {
   print("finished", "1");
 }
 
+// Reads `count` float32 (or int64) values written raw by ddp_parity.py.
+at::Tensor read_raw(const std::string& path, std::vector<int64_t> shape, at::ScalarType dtype) {
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) throw std::runtime_error("cannot open " + path);
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  const size_t got = std::fread(t.data_ptr(), 1, bytes, file);
+  std::fclose(file);
+  if (got != bytes) throw std::runtime_error("short read of " + path);
+  return t;
+}
+
+// The twin of tests/parity/ddp_parity.py's DistributedDataParallel run: Linear(in, out) under
+// fp16 autocast, GradScaler, SGD, each rank on its own batches, gradients averaged by
+// GradientAllReduce (in `comm`); prints the scale and the parameters after every step.
+void ddp_parity(const dist::TorchrunEnv& env, const std::string& dir, const std::string& comm) {
+  const int64_t steps = 8, batch = 16, in = 32, out = 10;
+  auto group = dist::init_gloo_from_torchrun(group_options());
+  at::Tensor weight = read_raw(dir + "/weight.bin", {out, in}, at::kFloat).requires_grad_();
+  at::Tensor bias = read_raw(dir + "/bias.bin", {out}, at::kFloat).requires_grad_();
+  const std::string mine = dir + "/rank" + std::to_string(env.rank);
+  const at::Tensor xs = read_raw(mine + "_x.bin", {steps, batch, in}, at::kFloat);
+  const at::Tensor ys = read_raw(mine + "_y.bin", {steps, batch}, at::kLong);
+  torch::optim::SGD optimizer({weight, bias}, 0.1);
+  amp::GradScaler scaler(
+      c10::DeviceType::CPU,
+      amp::GradScalerOptions().init_scale(1048576.0).growth_interval(2).found_inf_sync(
+          dist::found_inf_sync(group)));
+  dist::GradientAllReduceOptions options;
+  if (comm == "fp16") options.comm_dtype(at::kHalf);
+  if (comm == "bf16") options.comm_dtype(at::kBFloat16);
+  dist::GradientAllReduce reducer({weight, bias}, group, options);
+  for (int64_t step = 0; step < steps; ++step) {
+    optimizer.zero_grad();
+    at::Tensor loss;
+    {
+      amp::AutocastGuard autocast(c10::DeviceType::CPU, at::kHalf);
+      loss = at::cross_entropy_loss(at::linear(xs[step], weight, bias), ys[step]);
+    }
+    scaler.scale(loss).backward();
+    reducer.all_reduce_();
+    scaler.step(optimizer);
+    scaler.update();
+    const std::string key = "step" + std::to_string(step);
+    print(key + ".scale", hex(scaler.scale_tensor()));
+    print(key + ".params", hex(at::cat({weight.detach().reshape({-1}), bias.detach()})));
+  }
+}
+
 void join() {
   auto group = dist::init_gloo_from_torchrun(group_options());
   print("joined", std::to_string(group->getSize()));
@@ -237,12 +287,14 @@ int main(int argc, char** argv) {
       dies(env);
     } else if (scenario == "stalls") {
       stalls(env);
+    } else if (scenario == "ddp_parity" && args.size() == 3) {
+      ddp_parity(env, args[1], args[2]);
     } else if (scenario == "join") {
       join();
     } else {
       std::fprintf(stderr,
                    "usage: amp_distributed_worker "
-                   "skip|all_reduce|overflow|options_differ|dies|stalls|join ...\n");
+                   "skip|all_reduce|overflow|options_differ|dies|stalls|ddp_parity|join ...\n");
       return 64;
     }
   } catch (const c10::Error& error) {
