@@ -16,6 +16,11 @@
 #include <amp/distributed.h>
 #include <amp/info.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "examples/temp_dir.h"
 #include "support/rank_processes.h"
 
@@ -38,6 +43,20 @@ std::vector<RankResult> run_ranks(const std::vector<std::string>& args, int worl
   amp_test::RankProcesses ranks(AMP_TEST_WORKER, args, world, count > 0 ? count : world,
                                 store->getPort(), env);
   return ranks.wait_all(deadline);
+}
+
+// A port nobody listens on now (bound and released; the ranks bind it again right after).
+uint16_t unused_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof address;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  ::close(fd);
+  return ntohs(address.sin_port);
 }
 
 std::string describe(const std::vector<RankResult>& results) {
@@ -116,6 +135,17 @@ TEST_CASE("CUDA scalers on two ranks sharing a GPU skip together over Gloo",
     CHECK(r.at("step2.params") == r.at("step1.params"));
     CHECK(r.at("step4.params") == results[0].at("step4.params"));
   }
+}
+
+TEST_CASE("Without torchrun's agent store, rank 0 hosts the rendezvous store", "[distributed]") {
+  // TORCHELASTIC_USE_AGENT_STORE=False (or a launcher other than torchrun): the ranks find no
+  // store at MASTER_PORT, so rank 0 must start one there and the others connect to it.
+  const uint16_t port = unused_port();
+  amp_test::RankProcesses ranks(AMP_TEST_WORKER, {"join"}, 3, 3, port,
+                                {{"TORCHELASTIC_USE_AGENT_STORE", "False"}});
+  const auto results = ranks.wait_all(std::chrono::seconds(90));
+  require_all_succeeded(results);
+  for (const auto& r : results) CHECK(r.at("joined") == "3");
 }
 
 TEST_CASE("Without the found-inf sync the same job lets the ranks diverge", "[distributed]") {

@@ -110,7 +110,9 @@ c10::intrusive_ptr<c10d::Store> torchrun_store(const TorchrunEnv& env,
   // client of the agent's server; otherwise rank 0 serves and waits for the others.
   options.isServer = !env.agent_store && env.rank == 0;
   options.numWorkers = env.agent_store ? std::nullopt : std::optional<size_t>(env.world_size);
-  options.waitWorkers = options.isServer;
+  // Every instance counts itself in while rank 0 waits for the count (Python's
+  // wait_for_workers=True); with the agent store nobody counts.
+  options.waitWorkers = !env.agent_store;
   options.multiTenant = true;
   options.timeout = timeout;
   try {
