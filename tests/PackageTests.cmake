@@ -25,8 +25,13 @@ add_test(NAME package.is_relocatable_and_keeps_fmt_private
 set_tests_properties(package.is_relocatable_and_keeps_fmt_private PROPERTIES
   FIXTURES_REQUIRED amp_package LABELS package)
 
-# Each consumer is a complete CMake project: configure, build, run its program.
-foreach(_consumer IN ITEMS find_package own_fmt)
+# Each consumer is a complete CMake project: configure, build, run its program. consumer_distributed
+# asks for the optional component: find_package(amp COMPONENTS distributed).
+set(_amp_consumers find_package own_fmt)
+if(AMP_WITH_DISTRIBUTED)
+  list(APPEND _amp_consumers distributed)
+endif()
+foreach(_consumer IN LISTS _amp_consumers)
   add_test(NAME package.consumer_${_consumer}
     COMMAND "${CMAKE_CTEST_COMMAND}" --build-and-test
       "${CMAKE_CURRENT_SOURCE_DIR}/package/consumer_${_consumer}"
@@ -38,17 +43,8 @@ foreach(_consumer IN ITEMS find_package own_fmt)
     FIXTURES_REQUIRED amp_package LABELS package)
 endforeach()
 
-# The optional component, through find_package(amp COMPONENTS distributed).
 if(AMP_WITH_DISTRIBUTED)
-  add_test(NAME package.consumer_distributed
-    COMMAND "${CMAKE_CTEST_COMMAND}" --build-and-test
-      "${CMAKE_CURRENT_SOURCE_DIR}/package/consumer_distributed"
-      "${CMAKE_CURRENT_BINARY_DIR}/consumer_distributed"
-      --build-generator Ninja
-      --build-options ${_amp_consumer_options}
-      --test-command consumer)
-  set_tests_properties(package.consumer_distributed PROPERTIES
-    FIXTURES_REQUIRED amp_package LABELS "package;distributed"
+  set_tests_properties(package.consumer_distributed PROPERTIES LABELS "package;distributed"
     PASS_REGULAR_EXPRESSION "distributed 1: 1 of 2 steps taken, scale 32768")
   # Without c10d (AMP_WITH_DISTRIBUTED=OFF) the core library builds and says so.
   add_test(NAME package.builds_without_distributed

@@ -144,7 +144,9 @@ void run(const Settings& settings) {
       amp_examples::load_image_data(settings.data_dir, amp_examples::Pixels::kUnitRange, device);
 
   torch::manual_seed(static_cast<std::uint64_t>(settings.seed));
-  MyModel model(settings.hidden);  // the same seed on every rank: the same initial weights, no broadcast needed
+  MyModel model(
+      settings
+          .hidden);  // the same seed on every rank: the same initial weights, no broadcast needed
   model->to(on);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(settings.lr));
   amp::GradScalerOptions scaler_options =
@@ -179,8 +181,9 @@ void run(const Settings& settings) {
     const auto epoch_start = Clock::now();
     model->train();
     const torch::Tensor mine = shard(train.size(), settings.seed, epoch, rank, world).to(on);
+    // Summed on the device, read once per epoch.
     torch::Tensor loss_sum =
-        torch::zeros({2}, torch::TensorOptions().dtype(torch::kFloat64).device(on));
+        torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(on));
     std::int64_t steps = 0;
     for (std::int64_t begin = 0; begin < mine.size(0); begin += local_batch, ++steps) {
       const torch::Tensor batch = mine.slice(0, begin, std::min(begin + local_batch, mine.size(0)));
@@ -197,15 +200,15 @@ void run(const Settings& settings) {
       if (reducer) reducer->all_reduce_();  // averaged over the ranks: the global batch's gradient
       scaler.step(optimizer);
       scaler.update();
-      loss_sum[0] += loss.detach().to(torch::kFloat64) * batch.size(0);
-      loss_sum[1] += batch.size(0);
+      loss_sum += loss.detach().to(torch::kFloat64) * batch.size(0);
     }
     if (parallel.group) {
-      // The epoch's loss over all ranks' images (a report only; training does not wait for it).
+      // The epoch's loss over all ranks' images, once per epoch, for the report.
       std::vector<at::Tensor> tensors{loss_sum};
       parallel.group->allreduce(tensors)->wait();
     }
-    const double loss = loss_sum[0].item<double>() / loss_sum[1].item<double>();
+    // Every rank trained on as many images (the shards are padded to equal sizes).
+    const double loss = loss_sum.item<double>() / static_cast<double>(world * mine.size(0));
     const double epoch_seconds = seconds_since(epoch_start);  // training only
     accuracy = amp_examples::test_accuracy(model, test, settings.precision, device, kEvalChunk);
     const int64_t skipped = scaler.is_enabled() ? scaler.counters().steps_skipped : 0;

@@ -1,8 +1,9 @@
-// amp::distributed's collective helpers: error sentences around c10d, and the value exchange
-// behind the cross-rank consistency checks.
+// amp::distributed's shared helpers: argument checks of groups, error sentences around c10d, and
+// the value exchange behind the cross-rank consistency checks.
 #include "distributed/collective.h"
 
 #include <algorithm>
+#include <atomic>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -24,12 +25,33 @@ std::string device_types_served(c10d::ProcessGroup& group) {
 
 }  // namespace
 
+void check_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::string& who) {
+  TORCH_CHECK(group, who,
+              ": the process group is null; pass the group returned by new_gloo_group, "
+              "init_gloo_from_torchrun or new_nccl_group.");
+}
+
+void check_group_arguments(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+                           const GroupOptions& options, const std::string& who) {
+  TORCH_CHECK(store, who,
+              ": the store is null; pass a c10d store (torchrun_store(...), a c10d::TCPStore or a "
+              "c10d::FileStore).");
+  TORCH_CHECK(world_size >= 1, who, ": world_size must be >= 1; got ", world_size, ".");
+  TORCH_CHECK(rank >= 0 && rank < world_size, who, ": rank must be in [0, world_size=", world_size,
+              "); got ", rank, ".");
+  TORCH_CHECK(options.timeout().count() > 0, who, ": GroupOptions::timeout must be > 0 ms; got ",
+              options.timeout().count(), " ms.");
+}
+
+std::string next_group_prefix(const char* backend) {
+  static std::atomic<int> groups{0};
+  return std::string("amp/") + backend + "/" + std::to_string(groups.fetch_add(1));
+}
+
 void check_group_serves(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                         c10::DeviceType device_type, const std::string& who,
                         const std::string& what) {
-  TORCH_CHECK(group, who,
-              ": the process group is null; pass the group returned by "
-              "new_gloo_group, init_gloo_from_torchrun or new_nccl_group.");
+  check_group(group, who);
   TORCH_CHECK(group->hasBackendForDeviceType(device_type), who, ": ", what, " are ",
               c10::DeviceTypeName(device_type, /*lower_case=*/true),
               " tensors, but the process group (backend ", group->getBackendName(), ") serves ",
@@ -85,8 +107,7 @@ std::vector<std::vector<double>> exchange_values(c10d::ProcessGroup& group,
   // A table with this rank's row filled and zeros elsewhere, summed over the ranks: an
   // all-gather that every backend supports for every dtype.
   at::Tensor table = at::zeros({world, count}, at::TensorOptions().dtype(at::kDouble));
-  auto row = table[group.getRank()];
-  for (int64_t i = 0; i < count; ++i) row[i].fill_(values[static_cast<size_t>(i)]);
+  table[group.getRank()].copy_(at::tensor(values, at::TensorOptions().dtype(at::kDouble)));
   std::vector<at::Tensor> tensors{table.to(device)};
   wait_for(start_all_reduce(group, tensors, c10d::ReduceOp::SUM, what), group, what);
   const at::Tensor host = tensors.front().to(at::kCPU).contiguous();

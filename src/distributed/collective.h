@@ -1,5 +1,5 @@
-// Helpers shared by amp::distributed's collectives: waiting with errors as sentences, and an
-// exchange of a few numbers per rank for the cross-rank consistency checks.
+// Helpers shared by amp::distributed: argument checks of groups, waiting with errors as
+// sentences, and an exchange of a few numbers per rank for the cross-rank consistency checks.
 #pragma once
 
 #include <string>
@@ -11,7 +11,21 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <amp/distributed.h>
+
 namespace amp::distributed::detail {
+
+/// Throws c10::Error naming `who` when `group` is null.
+void check_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const std::string& who);
+
+/// The checks of new_gloo_group's and new_nccl_group's arguments (store, rank, world size,
+/// timeout); throws c10::Error naming `who`.
+void check_group_arguments(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+                           const GroupOptions& options, const std::string& who);
+
+/// The store prefix of the next group of `backend` made by this process. Every rank makes its
+/// groups in the same order, so the prefixes agree.
+std::string next_group_prefix(const char* backend);
 
 /// Throws c10::Error naming `who` when `group` is null or has no backend for `device_type`.
 void check_group_serves(const c10::intrusive_ptr<c10d::ProcessGroup>& group,

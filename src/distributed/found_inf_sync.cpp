@@ -66,9 +66,7 @@ class ProcessGroupFoundInfSync final : public FoundInfSync {
  public:
   explicit ProcessGroupFoundInfSync(c10::intrusive_ptr<c10d::ProcessGroup> group)
       : group_(std::move(group)) {
-    TORCH_CHECK(group_, kWho,
-                ": the process group is null; pass the group returned by new_gloo_group, "
-                "init_gloo_from_torchrun or new_nccl_group.");
+    detail::check_group(group_, kWho);
   }
 
   void all_reduce_max_(at::Tensor& flag) override {

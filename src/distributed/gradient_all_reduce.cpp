@@ -65,9 +65,7 @@ GradientAllReduce::GradientAllReduce(std::vector<at::Tensor> parameters,
                 "dtype); got ",
                 dtype, ".");
   }
-  TORCH_CHECK(group_, kWho,
-              ": the process group is null; pass the group returned by "
-              "new_gloo_group, init_gloo_from_torchrun or new_nccl_group.");
+  detail::check_group(group_, kWho);
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& p = parameters_[i];
     TORCH_CHECK(p.defined(), kWho, ": parameter ", i,

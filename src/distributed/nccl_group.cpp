@@ -2,8 +2,6 @@
 // in CUDA builds, against the NCCL headers of the torch wheel (their version is checked below).
 #include <amp/distributed.h>
 
-#include <atomic>
-
 #include <nccl.h>
 
 #include <c10/util/Exception.h>
@@ -11,6 +9,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include <ATen/Context.h>
+
+#include "distributed/collective.h"
 
 // ProcessGroupNCCL::Options embeds ncclConfig_t, whose layout changes between NCCL versions: a
 // header other than the one LibTorch was built with would silently misplace every field.
@@ -26,18 +26,11 @@ c10::intrusive_ptr<c10d::ProcessGroup> new_nccl_group(const c10::intrusive_ptr<c
                                                       int rank, int world_size,
                                                       const GroupOptions& options) {
   constexpr const char* kWho = "amp::distributed::new_nccl_group";
-  TORCH_CHECK(store, kWho, ": the store is null; pass a c10d store.");
-  TORCH_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, kWho,
-              ": rank must be in [0, world_size) and world_size >= 1; got rank ", rank,
-              " and world_size ", world_size, ".");
-  TORCH_CHECK(options.timeout().count() > 0, kWho, ": GroupOptions::timeout must be > 0 ms; got ",
-              options.timeout().count(), " ms.");
+  detail::check_group_arguments(store, rank, world_size, options, kWho);
   TORCH_CHECK(at::hasCUDA(), kWho,
               ": CUDA is not available on this machine; use new_gloo_group "
               "for CPU training.");
-  static std::atomic<int> groups{0};
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
-      "amp/nccl/" + std::to_string(groups.fetch_add(1)), store);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(detail::next_group_prefix("nccl"), store);
   auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
   nccl_options->timeout = options.timeout();
   auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, world_size, nccl_options);

@@ -4,7 +4,6 @@
 // the c10d API is used on them.
 #include <amp/distributed.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
@@ -16,6 +15,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "distributed/collective.h"
 
 namespace amp::distributed {
 
@@ -46,25 +47,6 @@ int64_t integer_variable(const char* name, int64_t low, int64_t high, bool requi
               "amp::distributed: the environment variable ", name, "='", text,
               "' is not an integer in [", low, ", ", high, "]; ", kLaunchHint, ".");
   return value;
-}
-
-// Keys of successive groups go under successive prefixes; every rank makes its groups in the
-// same order, so the prefixes agree.
-std::string next_group_prefix(const char* backend) {
-  static std::atomic<int> groups{0};
-  return std::string("amp/") + backend + "/" + std::to_string(groups.fetch_add(1));
-}
-
-void check_group_arguments(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
-                           const GroupOptions& options, const char* who) {
-  TORCH_CHECK(store, who,
-              ": the store is null; pass a c10d store (torchrun_store(...), a "
-              "c10d::TCPStore or a c10d::FileStore).");
-  TORCH_CHECK(world_size >= 1, who, ": world_size must be >= 1; got ", world_size, ".");
-  TORCH_CHECK(rank >= 0 && rank < world_size, who, ": rank must be in [0, world_size=", world_size,
-              "); got ", rank, ".");
-  TORCH_CHECK(options.timeout().count() > 0, who, ": GroupOptions::timeout must be > 0 ms; got ",
-              options.timeout().count(), " ms.");
 }
 
 // c10d's message without the C++ backtrace c10::Error appends.
@@ -131,13 +113,13 @@ c10::intrusive_ptr<c10d::ProcessGroup> new_gloo_group(const c10::intrusive_ptr<c
                                                       int rank, int world_size,
                                                       const GroupOptions& options) {
   constexpr const char* kWho = "amp::distributed::new_gloo_group";
-  check_group_arguments(store, rank, world_size, options, kWho);
+  detail::check_group_arguments(store, rank, world_size, options, kWho);
   std::vector<c10::DeviceType> device_types = options.gloo_device_types();
   if (device_types.empty()) {
     device_types.push_back(c10::DeviceType::CPU);
     if (at::hasCUDA()) device_types.push_back(c10::DeviceType::CUDA);
   }
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(next_group_prefix("gloo"), store);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(detail::next_group_prefix("gloo"), store);
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
   try {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
