@@ -1,5 +1,5 @@
 # libFuzzer targets (AMP_BUILD_FUZZERS=ON, clang only; the `fuzz` preset): each built from its
-# tests/fuzz/<target>_fuzz.cpp and the sources it exercises, without LibTorch.
+# tests/fuzz/<target>_fuzz.cpp and what it exercises, without LibTorch.
 include_guard(GLOBAL)
 
 if(NOT AMP_BUILD_FUZZERS)
@@ -23,13 +23,14 @@ function(amp_add_fuzzer name)
   target_link_options(${name}_fuzz PRIVATE ${AMP_FUZZ_FLAGS})
 endfunction()
 
-amp_add_fuzzer(state_file "${PROJECT_SOURCE_DIR}/src/scaler/state_file.cpp")
-# The archive checker, with the state-file reader's zip code and zlib.
-find_package(ZLIB REQUIRED)
-amp_add_fuzzer(archive "${PROJECT_SOURCE_DIR}/src/serialize/archive_check.cpp"
-  "${PROJECT_SOURCE_DIR}/src/scaler/state_file.cpp")
-target_link_libraries(archive_fuzz PRIVATE ZLIB::ZLIB)
+# The state-file reader and the archive checker: amp_serialize (src/serialize), which carries the
+# same instrumentation when AMP_BUILD_FUZZERS is ON.
+amp_add_fuzzer(state_file)
+target_link_libraries(state_file_fuzz PRIVATE amp_serialize)
+amp_add_fuzzer(archive)
+target_link_libraries(archive_fuzz PRIVATE amp_serialize)
 # The examples' IDX reader (raw and gzip), with the zlib and fmt the examples use.
+find_package(ZLIB REQUIRED)
 find_package(fmt REQUIRED)
 amp_add_fuzzer(idx "${PROJECT_SOURCE_DIR}/examples/common/idx.cpp")
 target_include_directories(idx_fuzz PRIVATE "${PROJECT_SOURCE_DIR}/examples/common")

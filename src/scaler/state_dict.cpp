@@ -2,7 +2,6 @@
 #include <amp/grad_scaler.h>
 
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <optional>
 
@@ -12,8 +11,9 @@
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
-#include "scaler/state_file.h"
 #include "scaler/validate.h"
+#include "serialize/mapped_file.h"
+#include "serialize/state_file.h"
 
 namespace amp {
 
@@ -68,6 +68,41 @@ bool as_bool(const c10::IValue& value, const std::string& key) {
   return value.toBool();
 }
 
+// An option's value as the IValue its state-dict key holds (OptionField::Kind says which).
+c10::IValue option_value(const detail::OptionField& field, const GradScalerOptions& options) {
+  const double value = field.get(options);
+  switch (field.kind) {
+    case detail::OptionField::Kind::kInt:
+    case detail::OptionField::Kind::kPolicy:
+      return static_cast<int64_t>(value);
+    case detail::OptionField::Kind::kBool:
+      return value != 0.0;
+    case detail::OptionField::Kind::kFloat:
+      break;
+  }
+  return value;
+}
+
+// A loaded option key, checked for the type its field keeps.
+double as_number(const c10::IValue& value, const detail::OptionField& field) {
+  switch (field.kind) {
+    case detail::OptionField::Kind::kInt:
+    case detail::OptionField::Kind::kPolicy: {
+      // Fields travel as doubles: beyond 2^53 an int would not come back as itself.
+      const int64_t i = as_int(value, field.state_key);
+      TORCH_CHECK(i >= -(int64_t{1} << 53) && i <= (int64_t{1} << 53),
+                  "GradScaler::load_state_dict: '", field.state_key, "' is ", i,
+                  ", far outside the range of ", field.name, "; the checkpoint is damaged.");
+      return static_cast<double>(i);
+    }
+    case detail::OptionField::Kind::kBool:
+      return as_bool(value, field.state_key) ? 1.0 : 0.0;
+    case detail::OptionField::Kind::kFloat:
+      break;
+  }
+  return as_float(value, field.state_key);
+}
+
 // torch.save's zip format holding `value`. torch::pickle_save tags a typed dict with
 // torch.jit._pickle.restore_type_tag, which Python's torch.load(weights_only=True) refuses; a
 // plain dict of numbers is what Python itself writes, so the pickle is made without type tags.
@@ -109,11 +144,10 @@ c10::Dict<std::string, c10::IValue> GradScaler::state_dict() const {
   if (!uses_extensions()) return dict;
   // amp's extension state; Python's load_state_dict ignores these keys.
   dict.insert(kFormatKey, kFormatVersion);
-  dict.insert("_amp_hysteresis", options_.hysteresis());
-  dict.insert("_amp_consecutive_hysteresis", options_.consecutive_hysteresis());
+  for (const detail::OptionField& field : detail::option_fields()) {
+    if (field.state_key != nullptr) dict.insert(field.state_key, option_value(field, options_));
+  }
   dict.insert("_amp_hysteresis_remaining", hysteresis_remaining());
-  dict.insert("_amp_min_scale", options_.min_scale());
-  dict.insert("_amp_max_scale", options_.max_scale());
   if (options_.track_counters()) {
     const GradScalerCounters c = counters();
     dict.insert("_amp_steps_taken", c.steps_taken);
@@ -152,15 +186,10 @@ void GradScaler::load_state_dict(const c10::Dict<std::string, c10::IValue>& stat
 
   // Extension keys are optional (Python's dicts lack them): absent ones keep the current value.
   GradScalerOptions options = options_;
-  if (auto v = find(state_dict, "_amp_hysteresis"))
-    options.hysteresis(as_int(*v, "_amp_hysteresis"));
-  if (auto v = find(state_dict, "_amp_consecutive_hysteresis")) {
-    options.consecutive_hysteresis(as_bool(*v, "_amp_consecutive_hysteresis"));
+  for (const detail::OptionField& field : detail::option_fields()) {
+    if (field.state_key == nullptr) continue;
+    if (auto v = find(state_dict, field.state_key)) field.set(options, as_number(*v, field));
   }
-  if (auto v = find(state_dict, "_amp_min_scale"))
-    options.min_scale(as_float(*v, "_amp_min_scale"));
-  if (auto v = find(state_dict, "_amp_max_scale"))
-    options.max_scale(as_float(*v, "_amp_max_scale"));
   // Bounds are checked against the loaded scale so a bounded scaler never starts outside them.
   detail::check_extension_options(options.hysteresis(), options.min_scale(), options.max_scale());
   detail::check_scale_in_bounds(scale, options.min_scale(), options.max_scale(),
@@ -245,28 +274,18 @@ void GradScaler::load_state_dict(const std::string& path) {
   const detail::ConcurrentUseDetector::Scope in_use(use_, "load_state_dict");
   // amp's own strict reader, never LibTorch's general one: a damaged or hostile file is refused
   // with a sentence instead of crashing, hanging or exhausting memory inside the unpickler.
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  TORCH_CHECK(std::filesystem::exists(status), "GradScaler::load_state_dict: cannot open '", path,
-              "' for reading; check the path.");
-  TORCH_CHECK(std::filesystem::is_regular_file(status), "GradScaler::load_state_dict: '", path,
-              "' is not a regular file (a folder, FIFO or device); name a state file.");
-  const auto size = std::filesystem::file_size(path, ec);
-  TORCH_CHECK(!ec && size <= detail::kMaxStateFileSize, "GradScaler::load_state_dict: '", path,
-              "' has ", size, " bytes, more than the ", detail::kMaxStateFileSize,
-              " a state file may have (about 1.3 KiB is usual); it is not a GradScaler state "
-              "file.");
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in.good(), "GradScaler::load_state_dict: cannot open '", path,
-              "' for reading; check the path and its permissions.");
-  std::string bytes(static_cast<size_t>(size), '\0');
-  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  TORCH_CHECK(in.gcount() == static_cast<std::streamsize>(bytes.size()),
-              "GradScaler::load_state_dict: reading '", path, "' failed; check the file.");
+  std::optional<detail::MappedFile> file;
+  try {
+    file.emplace(path, detail::kMaxStateFileSize, "a state file");
+  } catch (const detail::ReaderError& e) {
+    TORCH_CHECK(false, "GradScaler::load_state_dict: ", e.what(),
+                "; name a GradScaler state file (about 1.3 KiB, written by "
+                "torch.save(scaler.state_dict(), path) or GradScaler::save_state_dict).");
+  }
   detail::StateEntries entries;
   try {
-    entries = detail::parse_state_file(bytes);
-  } catch (const detail::StateFileError& e) {
+    entries = detail::parse_state_file(file->bytes());
+  } catch (const detail::ReaderError& e) {
     TORCH_CHECK(false, "GradScaler::load_state_dict: '", path,
                 "' is not a readable state dict file (corrupt, truncated, or not written by "
                 "torch.save(scaler.state_dict(), path) / GradScaler::save_state_dict): ",

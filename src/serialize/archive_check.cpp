@@ -2,24 +2,21 @@
 // and a line grammar for the archive's TorchScript class definitions (see archive_check.h).
 #include "serialize/archive_check.h"
 
-#include <zlib.h>
-
 #include <algorithm>
-#include <array>
-#include <cstring>
-#include <limits>
-#include <map>
+#include <iterator>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "serialize/pickle_cursor.h"
+#include "serialize/zip_directory.h"
 
 namespace amp::detail {
 
 namespace {
 
-std::string quoted(std::string_view text) { return "'" + printable_text(text) + "'"; }
+using namespace opcode;
 
 bool ends_with(std::string_view text, std::string_view suffix) {
   return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
@@ -56,7 +53,8 @@ bool is_dotted_name(std::string_view text) {
 
 class TypeParser {
  public:
-  TypeParser(std::string_view text, std::string_view where) : text_(text), where_(where) {}
+  TypeParser(std::string_view text, std::string_view where, std::size_t offset)
+      : text_(text), where_(quoted(where)), offset_(offset) {}
 
   void run() {
     if (text_.size() > 4096) bad("is ", text_.size(), " bytes long; types are at most 4096");
@@ -67,7 +65,7 @@ class TypeParser {
  private:
   template <typename... Args>
   [[noreturn]] void bad(const Args&... args) const {
-    reject(where_, ": the type ", quoted(text_), " ", args...);
+    fail_at(where_, offset_, "the type ", quoted(text_), " ", args...);
   }
 
   void parse_type(std::size_t depth) {
@@ -97,21 +95,20 @@ class TypeParser {
   }
 
   std::string_view text_;
-  std::string_view where_;
+  std::string where_;
+  std::size_t offset_;
   std::size_t pos_ = 0;
 };
 
 // ---- pickles ----
 
-constexpr unsigned char kMark = 0x28, kEmptyTuple = 0x29, kStop = 0x2e, kBinFloat = 0x47,
-                        kBinInt = 0x4a, kBinInt1 = 0x4b, kBinInt2 = 0x4d, kNone = 0x4e,
-                        kBinPersId = 0x51, kReduce = 0x52, kBinUnicode = 0x58, kEmptyList = 0x5d,
-                        kAppend = 0x61, kBuild = 0x62, kGlobal = 0x63, kAppends = 0x65,
-                        kBinGet = 0x68, kLongBinGet = 0x6a, kBinPut = 0x71, kLongBinPut = 0x72,
-                        kSetItem = 0x73, kTuple = 0x74, kSetItems = 0x75, kEmptyDict = 0x7d,
-                        kProto = 0x80, kNewObj = 0x81, kTuple1 = 0x85, kTuple2 = 0x86,
-                        kTuple3 = 0x87, kNewTrue = 0x88, kNewFalse = 0x89, kLong1 = 0x8a,
-                        kShortBinUnicode = 0x8c, kMemoize = 0x94, kFrame = 0x95;
+// What LibTorch's pickler writes; any other opcode is refused where it stands.
+constexpr PickleOpcodeSet kArchiveOpcodes = pickle_opcodes(
+    {kMark,    kEmptyTuple, kStop,      kBinFloat,        kBinInt,    kBinInt1,    kBinInt2,
+     kNone,    kBinPersId,  kReduce,    kBinUnicode,      kEmptyList, kAppend,     kBuild,
+     kGlobal,  kAppends,    kBinGet,    kLongBinGet,      kBinPut,    kLongBinPut, kSetItem,
+     kTuple,   kSetItems,   kEmptyDict, kNewObj,          kTuple1,    kTuple2,     kTuple3,
+     kNewTrue, kNewFalse,   kLong1,     kShortBinUnicode, kMemoize,   kFrame});
 
 // Storage types LibTorch saves tensors with, and their element sizes.
 struct StorageType {
@@ -175,36 +172,21 @@ struct Node {
 // Tuples up to this size keep their items (tensor records, sizes and strides, call arguments).
 constexpr std::size_t kMaxKeptItems = kMaxArchiveTensorDims;
 
-const char* kind_name(Value::Kind kind) {
-  switch (kind) {
-    case Value::Kind::kMark:
-      return "a MARK";
-    case Value::Kind::kNone:
-      return "None";
-    case Value::Kind::kBool:
-      return "a bool";
-    case Value::Kind::kInt:
-      return "an int";
-    case Value::Kind::kFloat:
-      return "a float";
-    case Value::Kind::kString:
-      return "a string";
-    case Value::Kind::kGlobal:
-      return "an imported name";
-    case Value::Kind::kTuple:
-      return "a tuple";
-    case Value::Kind::kList:
-      return "a list";
-    case Value::Kind::kDict:
-      return "a dict";
-    case Value::Kind::kObject:
-      return "an object";
-    case Value::Kind::kStorage:
-      return "a tensor storage";
-    case Value::Kind::kTensor:
-      return "a tensor";
-  }
-  return "a value";
+// What each Value::Kind is called in messages, in the enum's order.
+constexpr const char* kKindNames[] = {
+    "a MARK",  "None",   "a bool", "an int",    "a float",          "a string", "an imported name",
+    "a tuple", "a list", "a dict", "an object", "a tensor storage", "a tensor"};
+static_assert(std::size(kKindNames) == static_cast<std::size_t>(Value::Kind::kTensor) + 1);
+
+const char* kind_name(Value::Kind kind) { return kKindNames[static_cast<std::size_t>(kind)]; }
+
+// A value that holds no container: a bool or int (`integer`), a float, a string (`text`).
+Value scalar(Value::Kind kind, std::int64_t integer = 0, std::string_view text = {}) {
+  Value value;
+  value.kind = kind;
+  value.integer = integer;
+  value.text = text;
+  return value;
 }
 
 std::size_t depth_of(const Value& value) { return value.node ? value.node->depth : 0; }
@@ -213,46 +195,26 @@ class ArchivePickleScanner : PickleCursor {
  public:
   ArchivePickleScanner(std::string_view data, std::string_view entry_name,
                        const ArchiveRecordSize& record_size)
-      : PickleCursor(data, entry_name, "the entry is truncated"), record_size_(record_size) {}
+      : PickleCursor(data, entry_name, kArchiveOpcodes,
+                     "is not used by LibTorch's archives; the entry is damaged or was not written "
+                     "by LibTorch"),
+        record_size_(record_size) {}
 
   void run() {
-    if (data_.empty()) reject(entry_name_, " is empty; it should hold a pickle");
-    while (pos_ < data_.size()) {
-      const std::size_t at = pos_;
-      const auto op = static_cast<unsigned char>(data_[pos_++]);
-      if (at == 0 && op != kProto) {
-        fail_at(at, "the pickle starts with ", describe_pickle_opcode(op),
-                " instead of PROTO (0x80), as LibTorch writes");
-      }
-      if (op == kStop) {
+    while (true) {
+      const PickleOp op = next();
+      if (op.code == kStop) {
         if (stack_.size() != 1 || !marks_.empty()) {
-          fail_at(at, "STOP with ", stack_.size(), " value(s) and ", marks_.size(),
+          fail_at(op.at, "STOP with ", stack_.size(), " value(s) and ", marks_.size(),
                   " open MARK(s) on the stack; a pickle ends with exactly one value");
-        }
-        if (pos_ != data_.size()) {
-          fail_at(pos_, "the pickle goes on for ", data_.size() - pos_,
-                  " byte(s) after STOP; STOP must be its last byte");
         }
         return;
       }
-      step(at, op);
+      step(op);
     }
-    fail_at(data_.size(), "the pickle ends without STOP (0x2e); the entry is truncated");
   }
 
  private:
-  // A GLOBAL argument: text up to a newline, at most 256 bytes.
-  std::string_view take_line(std::size_t at) {
-    const std::size_t limit = std::min<std::size_t>(data_.size() - pos_, 257);
-    const std::size_t newline = data_.substr(pos_, limit).find('\n');
-    if (newline == std::string_view::npos) {
-      fail_at(at, "GLOBAL's module or name is not ended by a newline within 256 bytes");
-    }
-    const std::string_view line = data_.substr(pos_, newline);
-    pos_ += newline + 1;
-    return line;
-  }
-
   void push(std::size_t at, Value value) {
     if (marks_.size() + depth_of(value) > kMaxArchiveNesting) {
       fail_at(at, "values nest more than ", kMaxArchiveNesting,
@@ -303,10 +265,12 @@ class ArchivePickleScanner : PickleCursor {
               " deep; LibTorch's reader would recurse that deep");
     }
   }
-  // The container a mutating opcode changes: it must be of `kind` and not inside another yet.
-  Node& mutable_target(std::size_t at, unsigned char op, Value& target,
-                       std::initializer_list<Value::Kind> kinds) {
-    if (std::find(kinds.begin(), kinds.end(), target.kind) == kinds.end()) {
+  // APPEND(S), SETITEM(S), BUILD: places `items` into the container on top of the stack, which
+  // must be of `kind` and not inside another yet.
+  void add_to_top(std::size_t at, unsigned char op, Value::Kind kind,
+                  const std::vector<Value>& items) {
+    Value& target = top(at, op);
+    if (target.kind != kind) {
       fail_at(at, describe_pickle_opcode(op), " applies to ", kind_name(target.kind),
               ", which it cannot change");
     }
@@ -314,7 +278,7 @@ class ArchivePickleScanner : PickleCursor {
       fail_at(at, describe_pickle_opcode(op), " changes ", kind_name(target.kind),
               " that is already inside another value; LibTorch's pickler never does that");
     }
-    return *target.node;
+    for (const Value& item : items) place(at, *target.node, item);
   }
   Value tuple_of(std::size_t at, std::vector<Value> items) {
     Value tuple = container(Value::Kind::kTuple);
@@ -345,9 +309,7 @@ class ArchivePickleScanner : PickleCursor {
     push(at, memo_[index]);
   }
 
-  void global(std::size_t at) {
-    const std::string_view module = take_line(at);
-    const std::string_view name = take_line(at);
+  void global(std::size_t at, std::string_view module, std::string_view name) {
     Value value;
     value.kind = Value::Kind::kGlobal;
     if ((module == "__torch__" || starts_with(module, "__torch__.")) && is_dotted_name(module) &&
@@ -533,7 +495,7 @@ class ArchivePickleScanner : PickleCursor {
         if (args.node->size != 2 || items.size() != 2 || items[1].kind != Value::Kind::kString) {
           fail_at(at, "restore_type_tag is called with something other than a value and a type");
         }
-        check_archive_type(items[1].text, entry_name_ + " (restore_type_tag)");
+        check_archive_type(items[1].text, entry_name_, at);
         push(at, items[0]);
         return;
       }
@@ -544,18 +506,12 @@ class ArchivePickleScanner : PickleCursor {
     }
   }
 
-  void step(std::size_t at, unsigned char op) {
+  // Executes `decoded`, an opcode other than STOP.
+  void step(const PickleOp& decoded) {
+    const std::size_t at = decoded.at;
+    const unsigned char op = decoded.code;
     switch (op) {
-      case kProto: {
-        if (at != 0) fail_at(at, "PROTO appears after the start of the pickle");
-        const auto protocol = take_le(at, op, 1);
-        if (protocol < 2 || protocol > 5) {
-          fail_at(at, "the pickle uses protocol ", protocol, "; LibTorch writes 2 to 5");
-        }
-        return;
-      }
-      case kFrame:
-        take(at, op, 8);  // a length hint; the opcodes that follow are checked one by one
+      case kFrame:  // a length hint; the opcodes that follow are checked one by one
         return;
       case kMark:
         if (marks_.size() + 1 > kMaxArchiveNesting) {
@@ -567,64 +523,24 @@ class ArchivePickleScanner : PickleCursor {
         push(at, Value{});
         return;
       case kNewTrue:
-      case kNewFalse: {
-        Value value;
-        value.kind = Value::Kind::kBool;
-        value.integer = op == kNewTrue;
-        push(at, std::move(value));
+      case kNewFalse:
+        push(at, scalar(Value::Kind::kBool, op == kNewTrue));
         return;
-      }
       case kBinInt:
       case kBinInt1:
       case kBinInt2:
-      case kLong1: {
-        Value value;
-        value.kind = Value::Kind::kInt;
-        if (op == kBinInt) {
-          value.integer = static_cast<std::int32_t>(take_le(at, op, 4));
-        } else if (op == kBinInt1) {
-          value.integer = static_cast<std::int64_t>(take_le(at, op, 1));
-        } else if (op == kBinInt2) {
-          value.integer = static_cast<std::int64_t>(take_le(at, op, 2));
-        } else {
-          const auto width = static_cast<int>(take_le(at, op, 1));
-          if (width > 8) fail_at(at, "LONG1 has ", width, " bytes; LibTorch's ints have 8");
-          std::uint64_t raw = width == 0 ? 0 : take_le(at, op, width);
-          if (width > 0 && width < 8 && (raw >> (8 * width - 1)) & 1u) {
-            raw |= ~std::uint64_t{0} << (8 * width);  // sign-extend
-          }
-          value.integer = static_cast<std::int64_t>(raw);
-        }
-        push(at, std::move(value));
+      case kLong1:
+        push(at, scalar(Value::Kind::kInt, decoded.integer));
         return;
-      }
-      case kBinFloat: {
-        take(at, op, 8);
-        Value value;
-        value.kind = Value::Kind::kFloat;
-        push(at, std::move(value));
+      case kBinFloat:  // its value matters to nothing the scanner checks
+        push(at, scalar(Value::Kind::kFloat));
         return;
-      }
       case kBinUnicode:
-      case kShortBinUnicode: {
-        const std::uint64_t length = take_le(at, op, op == kBinUnicode ? 4 : 1);
-        if (length > data_.size() - pos_) {
-          fail_at(at, "a string of ", length, " bytes runs past the end of the pickle (",
-                  data_.size() - pos_, " bytes left)");
-        }
-        const std::string_view text = take(at, op, static_cast<std::size_t>(length));
-        const std::size_t bad = utf8_error_offset(text);
-        if (bad != text.size()) {
-          fail_at(at, "a string is not UTF-8 (byte ", bad, " of it)");
-        }
-        Value value;
-        value.kind = Value::Kind::kString;
-        value.text = text;
-        push(at, std::move(value));
+      case kShortBinUnicode:
+        push(at, scalar(Value::Kind::kString, 0, decoded.text));
         return;
-      }
       case kGlobal:
-        global(at);
+        global(at, decoded.text, decoded.text2);
         return;
       case kBinPersId:
         persistent_id(at);
@@ -653,24 +569,16 @@ class ArchivePickleScanner : PickleCursor {
       case kEmptyDict:
         push(at, container(Value::Kind::kDict));
         return;
-      case kAppend: {
-        const Value item = pop(at, op);
-        Node& list = mutable_target(at, op, top(at, op), {Value::Kind::kList});
-        place(at, list, item);
+      case kAppend:
+        add_to_top(at, op, Value::Kind::kList, {pop(at, op)});
         return;
-      }
-      case kAppends: {
-        const std::vector<Value> items = pop_mark(at, op);
-        Node& list = mutable_target(at, op, top(at, op), {Value::Kind::kList});
-        for (const Value& item : items) place(at, list, item);
+      case kAppends:
+        add_to_top(at, op, Value::Kind::kList, pop_mark(at, op));
         return;
-      }
       case kSetItem: {
         const Value value = pop(at, op);
         const Value key = pop(at, op);
-        Node& dict = mutable_target(at, op, top(at, op), {Value::Kind::kDict});
-        place(at, dict, key);
-        place(at, dict, value);
+        add_to_top(at, op, Value::Kind::kDict, {key, value});
         return;
       }
       case kSetItems: {
@@ -678,8 +586,7 @@ class ArchivePickleScanner : PickleCursor {
         if (items.size() % 2 != 0) {
           fail_at(at, "SETITEMS has ", items.size(), " values; keys and values come in pairs");
         }
-        Node& dict = mutable_target(at, op, top(at, op), {Value::Kind::kDict});
-        for (const Value& item : items) place(at, dict, item);
+        add_to_top(at, op, Value::Kind::kDict, items);
         return;
       }
       case kNewObj: {
@@ -695,27 +602,22 @@ class ArchivePickleScanner : PickleCursor {
         push(at, container(Value::Kind::kObject));
         return;
       }
-      case kBuild: {
-        const Value state = pop(at, op);
-        Node& object = mutable_target(at, op, top(at, op), {Value::Kind::kObject});
-        place(at, object, state);
+      case kBuild:  // the object's state
+        add_to_top(at, op, Value::Kind::kObject, {pop(at, op)});
         return;
-      }
       case kBinPut:
       case kLongBinPut:
-        memo_put(at, op, take_le(at, op, op == kBinPut ? 1 : 4));
+        memo_put(at, op, decoded.number);
         return;
       case kMemoize:
         memo_put(at, op, memo_.size());
         return;
       case kBinGet:
       case kLongBinGet:
-        memo_get(at, op, take_le(at, op, op == kBinGet ? 1 : 4));
+        memo_get(at, op, decoded.number);
         return;
-      default:
-        fail_at(at, describe_pickle_opcode(op),
-                " is not used by LibTorch's archives; the entry is damaged or was not written by "
-                "LibTorch");
+      default:  // not in kArchiveOpcodes: next() has refused it
+        return;
     }
   }
 
@@ -755,50 +657,10 @@ bool is_name_list(std::string_view text) {
   return pos == text.size() - 1;
 }
 
-std::string zlib_inflate(std::string_view compressed, std::uint64_t size, const ZipEntry& entry) {
-  std::string out(static_cast<std::size_t>(size), '\0');
-  z_stream stream{};
-  if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) reject("zlib could not start inflating");
-  stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(compressed.data()));
-  stream.avail_in = static_cast<uInt>(compressed.size());
-  stream.next_out = reinterpret_cast<Bytef*>(out.data());
-  stream.avail_out = static_cast<uInt>(out.size());
-  const int status = inflate(&stream, Z_FINISH);
-  const std::uint64_t produced = stream.total_out;
-  inflateEnd(&stream);
-  if (status != Z_STREAM_END || produced != size) {
-    reject("zip entry ", quoted(entry.name), " does not inflate to the ", size,
-           " bytes its record promises (zlib status ", status, " after ", produced,
-           " bytes); its bytes are damaged");
-  }
-  return out;
-}
-
-// An entry's bytes, its CRC-32 checked: a view into the file for a stored entry, else the bytes
-// inflated into `inflated`.
-std::string_view entry_bytes(std::string_view file, const ZipEntry& entry, std::size_t limit,
-                             std::string& inflated) {
-  if (entry.size > limit) {
-    reject("zip entry ", quoted(entry.name), " is ", entry.size, " bytes; at most ", limit,
-           " are read");
-  }
-  std::string_view bytes = file.substr(entry.data_offset, entry.compressed_size);
-  if (entry.method != 0) {
-    inflated = zlib_inflate(bytes, entry.size, entry);
-    bytes = inflated;
-  }
-  const std::uint32_t crc = crc32(bytes);
-  if (crc != entry.crc32) {
-    reject("zip entry ", quoted(entry.name), " has CRC-32 ", crc, " but the archive records ",
-           entry.crc32, "; its bytes are damaged");
-  }
-  return bytes;
-}
-
 }  // namespace
 
-void check_archive_type(std::string_view type, std::string_view where) {
-  TypeParser(type, where).run();
+void check_archive_type(std::string_view type, std::string_view where, std::size_t offset) {
+  TypeParser(type, where, offset).run();
 }
 
 void check_archive_pickle(std::string_view pickle, std::string_view entry_name,
@@ -807,18 +669,18 @@ void check_archive_pickle(std::string_view pickle, std::string_view entry_name,
 }
 
 void check_archive_code(std::string_view code, std::string_view entry_name) {
-  const std::string entry = printable_text(entry_name);
+  const std::string where = quoted(entry_name);
   std::size_t start = 0;
   for (std::size_t number = 1; start < code.size(); ++number) {
     std::size_t end = code.find('\n', start);
     if (end == std::string_view::npos) end = code.size();
     const std::string_view line = code.substr(start, end - start);
+    const std::size_t line_start = start;
     start = end + 1;
-    const std::string where = entry + " line " + std::to_string(number);
     const auto refuse = [&] {
-      reject(where, " is ", quoted(line),
-             ", which is not a line LibTorch writes for an archive (only class headers, "
-             "__parameters__, __buffers__, __annotations__ and attribute types)");
+      fail_at(where, line_start, "line ", number, " is ", quoted(line),
+              ", which is not a line LibTorch writes for an archive (only class headers, "
+              "__parameters__, __buffers__, __annotations__ and attribute types)");
     };
     if (line.empty()) continue;
     if (starts_with(line, "class ")) {
@@ -832,89 +694,69 @@ void check_archive_code(std::string_view code, std::string_view entry_name) {
     }
     if (!starts_with(line, "  ")) refuse();
     const std::string_view body = line.substr(2);
+    const std::size_t body_start = line_start + 2;
     if (starts_with(body, "__parameters__ = ") || starts_with(body, "__buffers__ = ")) {
       if (!is_name_list(body.substr(body.find('=') + 2))) refuse();
     } else if (body == "__annotations__ = []") {
     } else if (starts_with(body, "__annotations__[")) {
       const std::size_t after = skip_string_literal(body, 16);
       if (after == std::string_view::npos || body.substr(after, 4) != "] = ") refuse();
-      check_archive_type(body.substr(after + 4), where);
+      check_archive_type(body.substr(after + 4), entry_name, body_start + after + 4);
     } else {
       const std::size_t colon = body.find(" : ");
       if (colon == std::string_view::npos || !is_identifier(body.substr(0, colon))) refuse();
-      check_archive_type(body.substr(colon + 3), where);
+      check_archive_type(body.substr(colon + 3), entry_name, body_start + colon + 3);
     }
   }
 }
 
 void check_archive(std::string_view file) {
-  const std::vector<ZipEntry> entries = read_zip_directory(file, 0xfffe);
-  if (entries.empty()) reject("the zip archive has no entries; it should hold data.pkl");
-  const std::string& first = entries.front().name;
-  const std::size_t slash = first.find('/');
-  if (slash == std::string::npos || slash == 0) {
-    reject("zip entry ", quoted(first),
-           " is not inside a directory; LibTorch puts every entry under one (like 'x/data.pkl')");
-  }
-  const std::string prefix = first.substr(0, slash + 1);
-  std::map<std::string_view, const ZipEntry*> by_name;
-  for (const ZipEntry& entry : entries) {
-    if (!starts_with(entry.name, prefix)) {
-      reject("zip entry ", quoted(entry.name), " is outside the directory ", quoted(prefix),
-             " that holds the first entry; LibTorch puts every entry under one directory");
-    }
+  const ArchiveDirectory archive = read_archive_directory(file, 0xfffe);
+  for (const ZipEntry& entry : archive.entries) {
     if (entry.method != 0 && entry.method != 8) {
-      reject("zip entry ", quoted(entry.name), " uses compression method ", entry.method,
-             "; LibTorch's archives are stored (0) or deflated (8)");
+      fail_at(kWholeFile, entry.record_offset, "zip entry ", quoted(entry.name),
+              " uses compression method ", entry.method,
+              "; LibTorch's archives are stored (0) or deflated (8)");
     }
-    if (entry.method == 0 && entry.compressed_size != entry.size) {
-      reject("zip entry ", quoted(entry.name), " is stored but records ", entry.compressed_size,
-             " bytes in the file and ", entry.size, " bytes of content");
-    }
-    if (!by_name.emplace(std::string_view(entry.name).substr(prefix.size()), &entry).second) {
-      reject("zip entry ", quoted(entry.name), " appears twice in the archive");
-    }
-  }
-  if (by_name.count("data.pkl") == 0) {
-    reject("the zip archive has no entry ", quoted(prefix + "data.pkl"),
-           "; it is not a LibTorch archive");
   }
   const ArchiveRecordSize record_size = [&](std::string_view name) -> std::optional<std::uint64_t> {
-    const auto it = by_name.find(name);
-    if (it == by_name.end() || it->second->method != 0) return std::nullopt;
-    return it->second->size;
+    const auto it = archive.by_name.find(std::string(name));
+    if (it == archive.by_name.end() || archive.entries[it->second].method != 0) return std::nullopt;
+    return archive.entries[it->second].size;
   };
   std::string inflated;  // a deflated entry's bytes, reused from entry to entry
-  for (const auto& [name, entry] : by_name) {
+  for (const auto& [name, index] : archive.by_name) {
+    const ZipEntry& entry = archive.entries[index];
+    const auto refuse_entry = [&](const char* why) {
+      fail_at(kWholeFile, entry.record_offset, "zip entry ", quoted(entry.name), " ", why);
+    };
     if (ends_with(name, ".pkl") || ends_with(name, ".debug_pkl")) {
-      if (entry->method != 0) {
-        reject("zip entry ", quoted(entry->name),
-               " is compressed; LibTorch stores pickles as they are");
-      }
-      const std::string_view bytes = entry_bytes(file, *entry, kMaxArchivePickleSize, inflated);
-      check_archive_pickle(bytes, entry->name, record_size);
+      if (entry.method != 0) refuse_entry("is compressed; LibTorch stores pickles as they are");
+      check_archive_pickle(
+          entry_bytes(file, entry, kMaxArchivePickleSize, "an archive's pickle", inflated),
+          entry.name, record_size);
     } else if (starts_with(name, "code/")) {
-      if (!ends_with(name, ".py")) {
-        reject("zip entry ", quoted(entry->name), " in code/ is not a .py file or its debug_pkl");
-      }
-      check_archive_code(entry_bytes(file, *entry, kMaxArchiveCodeSize, inflated), entry->name);
+      if (!ends_with(name, ".py")) refuse_entry("in code/ is not a .py file or its debug_pkl");
+      check_archive_code(
+          entry_bytes(file, entry, kMaxArchiveCodeSize, "an archive's code file", inflated),
+          entry.name);
     } else if (starts_with(name, "data/") || starts_with(name, "constants/")) {
-      if (entry->method != 0) {
-        reject("zip entry ", quoted(entry->name),
-               " holds tensor data but is compressed; LibTorch stores tensor data as it is");
+      if (entry.method != 0) {
+        refuse_entry("holds tensor data but is compressed; LibTorch stores tensor data as it is");
       }
     } else if (name == "version" || name == ".data/version") {
-      const std::string_view text = entry_bytes(file, *entry, kMaxArchiveRecordSize, inflated);
+      const std::string_view text =
+          entry_bytes(file, entry, kMaxArchiveRecordSize, "an archive's record", inflated);
       std::string_view digits = text;
       if (!digits.empty() && digits.back() == '\n') digits.remove_suffix(1);
       if (digits.empty() || digits.size() > 4 ||
           !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-        reject("zip entry ", quoted(entry->name), " is ", quoted(text),
-               " rather than a format version number");
+        fail_at(kWholeFile, entry.data_offset, "zip entry ", quoted(entry.name), " is ",
+                quoted(text), " rather than a format version number");
       }
     } else {
       // byteorder, .data/serialization_id, extra/...: LibTorch reads them whole.
-      entry_bytes(file, *entry, kMaxArchiveRecordSize, inflated);
+      entry_bytes(file, entry, kMaxArchiveRecordSize, "an archive's record", inflated);
     }
   }
 }

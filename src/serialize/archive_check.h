@@ -7,8 +7,8 @@
 // file), hang it (memo indices of 2^28) or make it allocate gigabytes. This checker accepts what
 // LibTorch's writer produces and refuses, with a sentence naming the entry and byte, whatever
 // could reach one of those paths. It runs in time and memory proportional to the pickles and
-// code it reads (tensor bytes are bounds-checked, not read). Standard C++17 and zlib (for
-// deflated code entries) only, so that the fuzzer builds it without LibTorch.
+// code it reads (tensor bytes are bounds-checked, not read). Standard C++ and zlib (for deflated
+// code entries) only, so that the fuzzer builds it without LibTorch.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +17,7 @@
 #include <optional>
 #include <string_view>
 
-#include "scaler/state_file.h"  // StateFileError, ZipEntry, read_zip_directory
+#include "serialize/reader_error.h"
 
 namespace amp::detail {
 
@@ -38,10 +38,10 @@ constexpr std::size_t kMaxArchiveTensorDims = 64;
 /// archive's directory), or nullopt when there is none.
 using ArchiveRecordSize = std::function<std::optional<std::uint64_t>(std::string_view name)>;
 
-/// Checks a whole archive file (`file`: its bytes, typically mapped). Throws StateFileError
-/// saying what is wrong and where. Accepts: a zip (read_zip_directory) whose entries all sit
-/// under one directory `<d>/`, names unique, each entry stored (method 0) or deflated (method 8,
-/// then at most kMaxArchiveCodeSize bytes after inflating); a `<d>/data.pkl`; every `*.pkl` and
+/// Checks a whole archive file (`file`: its bytes, typically mapped). Throws ReaderError saying
+/// what is wrong and where. Accepts: a zip (read_archive_directory: every entry under one
+/// directory `<d>/`, names unique, a `<d>/data.pkl`), each entry stored (method 0) or deflated
+/// (method 8, then at most kMaxArchiveCodeSize bytes after inflating); every `*.pkl` and
 /// `*.debug_pkl` entry stored, at most kMaxArchivePickleSize bytes, its CRC-32 right, and
 /// accepted by check_archive_pickle; every `<d>/code/**.py` entry accepted by
 /// check_archive_code after inflating, its CRC-32 right; `<d>/version` a decimal number; tensor
@@ -73,7 +73,8 @@ void check_archive_code(std::string_view code, std::string_view entry_name);
 
 /// Checks a TorchScript type as the archive spells it: dotted names, optionally followed by
 /// `[...]` with comma-separated types (or `()` for the empty tuple), brackets nested at most
-/// kMaxArchiveTypeNesting deep. Throws StateFileError naming `where`.
-void check_archive_type(std::string_view type, std::string_view where);
+/// kMaxArchiveTypeNesting deep. Throws ReaderError naming entry `where` and byte `offset` (where
+/// the type stands in that entry).
+void check_archive_type(std::string_view type, std::string_view where, std::size_t offset = 0);
 
 }  // namespace amp::detail

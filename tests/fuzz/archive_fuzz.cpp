@@ -1,5 +1,5 @@
 // libFuzzer target for the archive checker: any input must pass or be refused with
-// StateFileError; a crash, a sanitizer report, a hang or any other exception is a finding.
+// ReaderError; a crash, a sanitizer report, a hang or any other exception is a finding.
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -11,7 +11,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
   try {
     amp::detail::check_archive(bytes);
-  } catch (const amp::detail::StateFileError&) {
+  } catch (const amp::detail::ReaderError&) {
     // A refusal is the expected answer to almost every input.
   }
   // The pickle scanner and the code check alone too: most inputs never reach them through a
@@ -21,11 +21,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   };
   try {
     amp::detail::check_archive_pickle(bytes, "data.pkl", record_size);
-  } catch (const amp::detail::StateFileError&) {
+  } catch (const amp::detail::ReaderError&) {
   }
   try {
     amp::detail::check_archive_code(bytes, "code/__torch__.py");
-  } catch (const amp::detail::StateFileError&) {
+  } catch (const amp::detail::ReaderError&) {
   }
   return 0;
 }

@@ -39,7 +39,8 @@
 #include <amp/archive.h>
 #include <amp/grad_scaler.h>
 
-#include "scaler/state_file.h"
+#include "serialize/reader_error.h"
+#include "serialize/zip_directory.h"
 #include "support/checkpoints.h"
 
 namespace fs = std::filesystem;
@@ -259,7 +260,7 @@ std::string mutate(const std::string& base, std::mt19937_64& rng, std::string& l
   std::vector<amp::detail::ZipEntry> entries;
   try {
     entries = amp::detail::read_zip_directory(base, 0xfffe);
-  } catch (const amp::detail::StateFileError&) {
+  } catch (const amp::detail::ReaderError&) {
   }
   const amp::detail::ZipEntry* pickle = nullptr;
   for (const auto& entry : entries) {

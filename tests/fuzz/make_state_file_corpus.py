@@ -1,5 +1,5 @@
 """GradScaler state files as Python's torch.save writes them: seeds for the state_file fuzzer and
-fixtures for tests/state_file.tests.cpp.
+fixtures for tests/serialize/state_file.tests.cpp.
 
     .venv/bin/python tests/fuzz/make_state_file_corpus.py write [DIR]   # (re)writes the seeds
     .venv/bin/python tests/fuzz/make_state_file_corpus.py dump FILE...  # what torch.load reads

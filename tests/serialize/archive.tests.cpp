@@ -17,12 +17,12 @@
 #include <amp/optim.h>
 
 #include "serialize/archive_check.h"
+#include "serialize/zip_directory.h"
 #include "support/checkpoints.h"
 
 using amp::detail::check_archive_code;
 using amp::detail::check_archive_pickle;
 using amp::detail::check_archive_type;
-using amp::detail::StateFileError;
 using Catch::Contains;
 using namespace std::string_literals;
 
@@ -229,14 +229,16 @@ TEST_CASE("The archive pickle scanner bounds nesting, memo indices, lengths and 
                                       "c__torch__",
                                       11) +
                           std::string(5000, 'x')),
-                    Contains("GLOBAL's module or name is not ended by a newline within 256 bytes"));
+                    Contains("'x/data.pkl' byte 2: opcode 0x63 (GLOBAL) has no newline within 256 "
+                             "bytes to end its argument"));
   CHECK_THROWS_WITH(check(pickle(std::string("X\xff\xff\xff\xff"
                                              "abc",
                                              8))),
-                    Contains("a string of 4294967295 bytes runs past the end of the pickle (4 "
-                             "bytes left)"));
+                    Contains("'x/data.pkl' byte 2: opcode 0x58 (BINUNICODE) needs 4294967295 "
+                             "argument bytes but the pickle ends after 4; the pickle is "
+                             "truncated"));
   CHECK_THROWS_WITH(check(pickle("\x8f")),
-                    Contains("opcode 0x8f (EMPTY_SET) is not used by LibTorch's archives"));
+                    Contains("opcode 0x8f (EMPTY_SET, a set) is not used by LibTorch's archives"));
   CHECK_THROWS_WITH(
       check(pickle("cos\nsystem\n")),
       Contains("GLOBAL imports 'os'.'system', which a LibTorch archive does not use"));
@@ -248,7 +250,7 @@ TEST_CASE("The archive pickle scanner bounds nesting, memo indices, lengths and 
                           deep + "\x86R";
   CHECK_THROWS_WITH(check(pickle(tag)), Contains("nests brackets more than 16 deep"));
   CHECK_THROWS_WITH(check(pickle("NN")), Contains("STOP with 2 value(s)"));
-  CHECK_THROWS_WITH(check(""), Contains("is empty"));
+  CHECK_THROWS_WITH(check(""), Contains("'x/data.pkl' byte 0: the entry is empty"));
 }
 
 TEST_CASE("The archive code check accepts LibTorch's class definitions only", "[archive]") {
@@ -259,12 +261,19 @@ TEST_CASE("The archive code check accepts LibTorch's class definitions only", "[
       "__torch__.___torch_mangle_2.Module\n",
       "x/code/__torch__.py"));
   CHECK_THROWS_WITH(check_archive_code("class Module(Module):\n  x = 1 + 2\n", "c.py"),
-                    Contains("c.py line 2 is '  x = 1 + 2'"));
-  CHECK_THROWS_WITH(check_archive_code("import os\n", "c.py"), Contains("c.py line 1"));
+                    Contains("'c.py' byte 22: line 2 is '  x = 1 + 2', which is not a line "
+                             "LibTorch writes"));
+  CHECK_THROWS_WITH(check_archive_code("import os\n", "c.py"),
+                    Contains("'c.py' byte 0: line 1 is 'import os'"));
   CHECK_THROWS_WITH(check_archive_code("  __parameters__ = [\"a\"]\n", "c.py"),
-                    Contains("c.py line 1"));
+                    Contains("'c.py' byte 0: line 1 is"));
+  // A type in a code line is refused at its own byte: line 2 starts at 17, its type at 23.
+  CHECK_THROWS_WITH(check_archive_code("class M(Module):\n  x : List[in t]\n", "c.py"),
+                    Contains("'c.py' byte 23: the type 'List[in t]' has 'in t' where a type name "
+                             "should be"));
   CHECK_NOTHROW(check_archive_type("Optional[List[Dict[str, Tensor]]]", "t"));
-  CHECK_THROWS_WITH(check_archive_type("List[int", "t"), Contains("has an unclosed '['"));
+  CHECK_THROWS_WITH(check_archive_type("List[int", "t"),
+                    Contains("'t' byte 0: the type 'List[int' has an unclosed '['"));
   CHECK_THROWS_WITH(check_archive_type("List[in t]", "t"), Contains("where a type name should be"));
   CHECK_THROWS_WITH(check_archive_type(std::string(10000, 'a'), "t"), Contains("is 10000 bytes"));
 }

@@ -1,5 +1,5 @@
-// The strict state-file reader (src/scaler/state_file.cpp): what torch.save and amp write is read
-// exactly; damaged and hostile files are refused with a sentence, never crash or hang.
+// The strict state-file reader (src/serialize/state_file.cpp): what torch.save and amp write is
+// read exactly; damaged and hostile files are refused with a sentence, never crash or hang.
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
@@ -20,13 +20,14 @@
 
 #include <amp/grad_scaler.h>
 
-#include "scaler/state_file.h"
+#include "serialize/state_file.h"
+#include "serialize/zip_directory.h"
 
 using amp::detail::parse_state_file;
 using amp::detail::parse_state_pickle;
 using amp::detail::read_zip_directory;
+using amp::detail::ReaderError;
 using amp::detail::StateEntries;
-using amp::detail::StateFileError;
 using amp::detail::StateValue;
 using Catch::Contains;
 
@@ -153,7 +154,7 @@ const std::string kSmallPickle =
 std::string refusal(std::string_view bytes) {
   try {
     parse_state_file(bytes);
-  } catch (const StateFileError& e) {
+  } catch (const ReaderError& e) {
     return e.what();
   }
   FAIL("the file was accepted");
@@ -163,7 +164,7 @@ std::string refusal(std::string_view bytes) {
 std::string pickle_refusal(std::string_view pickle) {
   try {
     parse_state_pickle(pickle, "archive/data.pkl");
-  } catch (const StateFileError& e) {
+  } catch (const ReaderError& e) {
     return e.what();
   }
   FAIL("the pickle was accepted");
@@ -358,14 +359,15 @@ TEST_CASE("A state file whose pickle is truncated at any opcode is refused",
   for (std::size_t size = 1; size < kSmallPickle.size(); ++size) {
     CAPTURE(size);
     const std::string message = refusal(state_zip(kSmallPickle.substr(0, size)));
-    const bool truncated = message.find("the file is truncated") != std::string::npos;
+    const bool truncated = message.find("the pickle is truncated") != std::string::npos;
     CHECK(truncated);
   }
   CHECK_THAT(refusal(state_zip(kSmallPickle.substr(0, 7))),
-             Contains("archive/data.pkl byte 4: opcode 0x58 (BINUNICODE) needs 4 argument bytes "
-                      "but the pickle ends after 2; the file is truncated"));
+             Contains("'archive/data.pkl' byte 4: opcode 0x58 (BINUNICODE) needs 4 argument bytes "
+                      "but the pickle ends after 2; the pickle is truncated"));
   CHECK_THAT(refusal(state_zip(kSmallPickle.substr(0, kSmallPickle.size() - 1))),
-             Contains("byte 46: the pickle ends without STOP (0x2e); the file is truncated"));
+             Contains("'archive/data.pkl' byte 46: the pickle ends without STOP (0x2e); the "
+                      "pickle is truncated"));
 }
 
 TEST_CASE("ZIP64 markers in a state file are refused", "[state][file][refuse]") {
@@ -394,8 +396,9 @@ TEST_CASE("ZIP64 markers in a state file are refused", "[state][file][refuse]") 
     const std::size_t record = file.eocd - 20 - 56;
     REQUIRE(get_le(file.bytes, record, 4) == 0x06064b50);
     put_le(file.bytes, record + 32, 1000000, 8);
-    CHECK_THAT(refusal(file.bytes), Contains("the ZIP64 end-of-central-directory record at byte " +
-                                             std::to_string(record) + " disagrees"));
+    CHECK_THAT(refusal(file.bytes), Contains("file byte " + std::to_string(record) +
+                                             ": the ZIP64 end-of-central-directory record "
+                                             "disagrees"));
   }
 }
 
@@ -423,15 +426,15 @@ TEST_CASE("Inconsistent zip counts, sizes and offsets in a state file are refuse
   }
   SECTION("a central directory past the end of the file") {
     put_le(zip, eocd + 16, 0x7fffffff, 4);
-    CHECK_THAT(refusal(zip), Contains("the central directory (123 bytes at byte 2147483647) runs "
-                                      "past its end record at byte"));
+    CHECK_THAT(refusal(zip), Contains("file byte 2147483647: the central directory (123 bytes) "
+                                      "runs past its end record at byte"));
   }
   SECTION("an entry larger than the file") {
     put_le(file.bytes, file.directory + 20, 0x7fffffff, 4);
     put_le(file.bytes, file.directory + 24, 0x7fffffff, 4);
     CHECK_THAT(refusal(file.bytes),
-               Contains("zip entry 'py_float_scale_p2/data.pkl': its 2147483647 bytes of data at "
-                        "byte 64 run past the start of the central directory"));
+               Contains("file byte 64: zip entry 'py_float_scale_p2/data.pkl': its 2147483647 "
+                        "bytes of data run past the start of the central directory"));
   }
   SECTION("a local header offset past the central directory") {
     put_le(file.bytes, file.directory + 42, 0xfffffff0, 4);
@@ -444,7 +447,8 @@ TEST_CASE("Inconsistent zip counts, sizes and offsets in a state file are refuse
   }
   SECTION("a local header naming another entry") {
     file.bytes[30] = 'Q';
-    CHECK_THAT(refusal(file.bytes), Contains("its local header at byte 0 names it "
+    CHECK_THAT(refusal(file.bytes), Contains("file byte 0: zip entry 'py_float_scale_p2/data.pkl': "
+                                             "its local header names it "
                                              "'Qy_float_scale_p2/data.pkl'"));
   }
 }
@@ -486,16 +490,16 @@ TEST_CASE(
     PythonFile file;
     file.patch_pickle(5, '\xff');  // MARK of Python's pickle at byte 5
     CHECK_THAT(refusal(file.bytes),
-               Contains("py_float_scale_p2/data.pkl byte 5: byte 0xff (not a pickle opcode) is not "
-                        "allowed in a GradScaler state file; a state dict holds only numbers"));
+               Contains("'py_float_scale_p2/data.pkl' byte 5: byte 0xff (not a pickle opcode) is "
+                        "not allowed in a GradScaler state file; a state dict holds only numbers"));
   }
   SECTION("a tensor record (BINPERSID)") {
     const std::string pickle = kHead + "(" + unicode("scale") + "(" + unicode("storage") + "tQ";
     // A persistent id needs a tuple first; either opcode is refused where it stands.
     CHECK_THAT(refusal(state_zip(pickle)),
-               Contains("archive/data.pkl byte 14: MARK opens a second group"));
+               Contains("'archive/data.pkl' byte 14: MARK opens a second group"));
     CHECK_THAT(refusal(state_zip(kHead + "(" + unicode("scale") + "Q")),
-               Contains("archive/data.pkl byte 14: opcode 0x51 (BINPERSID, a tensor record) is "
+               Contains("'archive/data.pkl' byte 14: opcode 0x51 (BINPERSID, a tensor record) is "
                         "not allowed in a GradScaler state file; a state dict holds only numbers"));
   }
   SECTION("GLOBAL without its newline") {
@@ -517,20 +521,24 @@ TEST_CASE(
   }
   SECTION("protocols torch.save does not write") {
     CHECK_THAT(pickle_refusal(std::string("\x80\x01}.", 4)),
-               Contains("archive/data.pkl byte 0: pickle protocol 1 is not one torch.save writes"));
+               Contains("'archive/data.pkl' byte 0: pickle protocol 1 is not one torch.save or "
+                        "LibTorch writes (2 to 5)"));
     CHECK_THAT(pickle_refusal("}."), Contains("byte 0: the pickle starts with opcode 0x7d "
                                               "(EMPTY_DICT) instead of PROTO"));
-    CHECK_THAT(pickle_refusal(""), Contains("archive/data.pkl is empty"));
+    CHECK_THAT(pickle_refusal(""), Contains("'archive/data.pkl' byte 0: the entry is empty"));
   }
 }
 
 TEST_CASE("Huge lengths, indices and nesting in a state file are refused at once",
           "[state][file][refuse]") {
   const auto start = std::chrono::steady_clock::now();
-  SECTION("BINUNICODE of 2^32-1 bytes") {
+  SECTION("BINUNICODE of 2^32-1 bytes, and a key longer than accepted") {
     CHECK_THAT(refusal(state_zip(kHead + "(X" + le(0xffffffff, 4))),
-               Contains("archive/data.pkl byte 4: opcode 0x58 (BINUNICODE) announces a string of "
-                        "4294967295 bytes; state dict keys are at most 256 bytes"));
+               Contains("'archive/data.pkl' byte 4: opcode 0x58 (BINUNICODE) needs 4294967295 "
+                        "argument bytes but the pickle ends after 0; the pickle is truncated"));
+    CHECK_THAT(refusal(state_zip(kHead + "(" + unicode(std::string(300, 'k')) + "K\x01u.")),
+               Contains("'archive/data.pkl' byte 4: opcode 0x58 (BINUNICODE) holds a string of "
+                        "300 bytes; state dict keys are at most 256 bytes"));
   }
   SECTION("LONG_BINPUT index 2^28") {
     CHECK_THAT(refusal(state_zip(kHead + "r" + le(1u << 28, 4))),
@@ -556,7 +564,7 @@ TEST_CASE("Huge lengths, indices and nesting in a state file are refused at once
   SECTION("10^6 nested MARKs") {
     const std::string marks = kHead + std::string(1000000, '(') + ".";
     CHECK_THAT(pickle_refusal(marks),
-               Contains("archive/data.pkl byte 4: MARK opens a second group while 1 items are "
+               Contains("'archive/data.pkl' byte 4: MARK opens a second group while 1 items are "
                         "pending"));
     CHECK_THAT(pickle_refusal(std::string("\x80\x02", 2) + std::string(1000000, '(')),
                Contains("byte 2: MARK comes before the dict"));
@@ -583,8 +591,8 @@ TEST_CASE("A state file pickle must end with STOP, hold no more, and keep its di
   CHECK_THAT(refusal(state_zip(kSmallPickle.substr(0, kSmallPickle.size() - 1))),
              Contains("the pickle ends without STOP"));
   CHECK_THAT(refusal(state_zip(kSmallPickle + "K")),
-             Contains("archive/data.pkl byte 47: the pickle goes on for 1 more byte(s) after STOP "
-                      "(at byte 46); STOP must be its last byte"));
+             Contains("'archive/data.pkl' byte 47: the pickle goes on for 1 more byte(s) after "
+                      "STOP (at byte 46); STOP must be its last byte"));
   CHECK_THAT(pickle_refusal(kHead + "(" + unicode("a") + "K\x01" + unicode("a") + "K\x02" + "u."),
              Contains("byte 12: key 'a' appears twice in the dict"));
   CHECK_THAT(pickle_refusal(kHead + "(" + "K\x01" + "K\x02" + "u."),
