@@ -24,14 +24,9 @@
 #include <torch/serialize/output-archive.h>
 
 #include <amp/export.h>
+#include <amp/scaler_hooks.h>
 
 namespace amp {
-
-namespace optim {
-class SupportsAmpScaling;
-}  // namespace optim
-
-class FoundInfSync;
 
 /// What GradScaler::step does when gradients overflow while the scale already sits at min_scale
 /// (an extension; only meaningful with GradScalerOptions::min_scale > 0).
@@ -81,22 +76,6 @@ struct AMP_EXPORT GradScalerOptions {
   /// Make one with amp::distributed::found_inf_sync(process_group) (amp/distributed.h). Null
   /// (the default) means one process. Not part of the saved state.
   TORCH_ARG(std::shared_ptr<FoundInfSync>, found_inf_sync) = nullptr;
-};
-
-/// Combines GradScaler's inf/NaN flags across processes (GradScalerOptions::found_inf_sync).
-/// amp::distributed implements it over a c10d process group; the interface keeps the core
-/// library free of c10d. Every rank must make the same calls in the same order (SPMD).
-class AMP_EXPORT FoundInfSync {
- public:
-  virtual ~FoundInfSync();
-  /// Replaces `flag` (a 0-dim float32 tensor on the scaler's device, >= 0) in place by its
-  /// maximum over all ranks, without reading it on the host.
-  virtual void all_reduce_max_(at::Tensor& flag) = 0;
-  /// Called by GradScaler's constructor on every rank (enabled or not): throws on every rank,
-  /// with a sentence naming the option and the ranks, when the ranks' device types or options
-  /// differ, or when this rank cannot combine flags on tensors of `device`.
-  virtual void check_same_configuration(c10::DeviceType device,
-                                        const GradScalerOptions& options) = 0;
 };
 
 /// Where an optimizer is in the current iteration (Python's OptState): unscale_ moves it from
@@ -189,6 +168,25 @@ class AMP_EXPORT ConcurrentUseDetector {
   std::atomic<std::thread::id> owner_{};
   std::atomic<const char*> method_{nullptr};
 };
+
+/// One field of GradScalerOptions described as data. The code that saves and loads amp's
+/// extension keys and the code that compares options across ranks walk option_fields() instead
+/// of naming every field, so a new option is one member above and one row in
+/// src/scaler/option_fields.cpp.
+struct OptionField {
+  /// How the value is kept; every value travels as a double, which holds each one exactly.
+  enum class Kind { kFloat, kInt, kBool, kPolicy };
+  const char* name;  // the setter's name, as error messages print it
+  Kind kind;
+  const char* state_key;    // its own key in state_dict() (an extension key), or nullptr
+  bool saved_as_extension;  // away from its default, state_dict() writes amp's extension keys
+  double (*get)(const GradScalerOptions&);
+  void (*set)(GradScalerOptions&, double);
+};
+
+/// Every field of GradScalerOptions except found_inf_sync (a process-group handle, not a value):
+/// `enabled`, then the others in declaration order.
+AMP_EXPORT const std::vector<OptionField>& option_fields();
 }  // namespace detail
 
 /// Dynamic loss scaling for mixed-precision training, with the semantics of Python's

@@ -16,46 +16,35 @@ namespace {
 
 constexpr const char* kWho = "amp::distributed::found_inf_sync";
 
-// The options compared across ranks, as numbers (the names are GradScalerOptions' setters).
-const std::vector<std::string>& compared_names() {
-  static const std::vector<std::string> names{
-      "the device type", "enabled",         "init_scale",   "growth_factor",
-      "backoff_factor",  "growth_interval", "hysteresis",   "consecutive_hysteresis",
-      "min_scale",       "max_scale",       "at_min_scale", "track_counters"};
+// The values compared across ranks: the device type, then every option (detail::option_fields).
+std::vector<std::string> compared_names() {
+  std::vector<std::string> names{"the device type"};
+  for (const auto& field : amp::detail::option_fields()) names.emplace_back(field.name);
   return names;
 }
 
 std::vector<double> compared_values(c10::DeviceType device, const GradScalerOptions& options) {
-  return {static_cast<double>(static_cast<int>(device)),
-          options.enabled() ? 1.0 : 0.0,
-          options.init_scale(),
-          options.growth_factor(),
-          options.backoff_factor(),
-          static_cast<double>(options.growth_interval()),
-          static_cast<double>(options.hysteresis()),
-          options.consecutive_hysteresis() ? 1.0 : 0.0,
-          options.min_scale(),
-          options.max_scale(),
-          options.at_min_scale() == MinScalePolicy::kThrow ? 1.0 : 0.0,
-          options.track_counters() ? 1.0 : 0.0};
+  std::vector<double> values{static_cast<double>(static_cast<int>(device))};
+  for (const auto& field : amp::detail::option_fields()) values.push_back(field.get(options));
+  return values;
 }
 
 std::string format_compared(size_t index, double value) {
   std::ostringstream out;
-  switch (index) {
-    case 0:
-      out << c10::DeviceTypeName(static_cast<c10::DeviceType>(static_cast<int>(value)),
-                                 /*lower_case=*/true);
-      break;
-    case 1:
-    case 7:
-    case 11:
+  if (index == 0) {
+    out << c10::DeviceTypeName(static_cast<c10::DeviceType>(static_cast<int>(value)),
+                               /*lower_case=*/true);
+    return out.str();
+  }
+  switch (amp::detail::option_fields().at(index - 1).kind) {
+    case amp::detail::OptionField::Kind::kBool:
       out << (value != 0.0 ? "true" : "false");
       break;
-    case 10:
-      out << (value != 0.0 ? "kThrow" : "kSkip");
+    case amp::detail::OptionField::Kind::kPolicy:
+      out << (static_cast<MinScalePolicy>(value) == MinScalePolicy::kThrow ? "kThrow" : "kSkip");
       break;
-    default:
+    case amp::detail::OptionField::Kind::kInt:
+    case amp::detail::OptionField::Kind::kFloat:
       out.precision(17);
       out << value;
   }

@@ -9,7 +9,7 @@
 
 #include <amp/info.h>
 #include <amp/ops.h>
-#include <amp/optim.h>
+#include <amp/scaler_hooks.h>
 
 #include "scaler/validate.h"
 
@@ -99,10 +99,11 @@ GradScaler::GradScaler(c10::DeviceType device, GradScalerOptions options)
 }
 
 bool GradScaler::uses_extensions() const {
-  return options_.hysteresis() > 1 || options_.consecutive_hysteresis() ||
-         options_.min_scale() > 0.0 ||
-         options_.max_scale() < std::numeric_limits<double>::infinity() ||
-         options_.track_counters();
+  static const GradScalerOptions defaults;
+  for (const detail::OptionField& field : detail::option_fields()) {
+    if (field.saved_as_extension && field.get(options_) != field.get(defaults)) return true;
+  }
+  return false;
 }
 
 void GradScaler::lazy_init(const c10::Device& device) {

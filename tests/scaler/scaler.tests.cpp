@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
+#include <string>
 
 #include <amp/grad_scaler.h>
 #include <amp/info.h>
@@ -11,14 +13,7 @@
 #include "scaler/validate.h"
 #include "support/warnings.h"
 
-#include "scaler_helpers.h"
-
-using amp::GradScaler;
-using amp::GradScalerOptions;
-using amp_test::cpu_scaler;
-using amp_test::make_param;
-using amp_test::set_grad;
-using Catch::Contains;
+#include "support/scaler_helpers.h"
 
 namespace {
 
@@ -61,6 +56,41 @@ TEST_CASE("Default options equal torch.amp.GradScaler's defaults", "[scaler]") {
   CHECK(scaler.get_backoff_factor() == 0.5);
   CHECK(scaler.get_growth_interval() == 7);
   CHECK_FALSE(scaler.scale_tensor().defined());
+}
+
+TEST_CASE("The options table reads and writes every option field on its own", "[scaler]") {
+  // Every field away from its default: each row must read its own field, not a neighbour's.
+  const GradScalerOptions defaults;
+  const GradScalerOptions changed = GradScalerOptions()
+                                        .init_scale(2.0)
+                                        .growth_factor(3.0)
+                                        .backoff_factor(0.25)
+                                        .growth_interval(7)
+                                        .enabled(false)
+                                        .hysteresis(4)
+                                        .consecutive_hysteresis(true)
+                                        .min_scale(0.5)
+                                        .max_scale(1024.0)
+                                        .at_min_scale(amp::MinScalePolicy::kThrow)
+                                        .track_counters(true);
+  const auto& fields = amp::detail::option_fields();
+  // GradScalerOptions has 12 fields; found_inf_sync (a handle) is the one not in the table.
+  REQUIRE(fields.size() == 11);
+  std::set<std::string> names;
+  for (const auto& field : fields) {
+    INFO(field.name);
+    names.insert(field.name);
+    CHECK(field.get(changed) != field.get(defaults));
+    // Writing one field into the defaults changes that field and no other.
+    GradScalerOptions one = defaults;
+    field.set(one, field.get(changed));
+    for (const auto& other : fields) {
+      INFO("other field " << other.name);
+      CHECK(other.get(one) == (&other == &field ? other.get(changed) : other.get(defaults)));
+    }
+  }
+  CHECK(names.size() == fields.size());
+  CHECK(std::string(fields.front().name) == "enabled");
 }
 
 TEST_CASE("Out-of-range options are refused with a sentence naming the value", "[scaler]") {
@@ -398,12 +428,7 @@ TEST_CASE("Growth never reaches inf, starting from 1e38", "[scaler]") {
 TEST_CASE("update(new_scale) sets the scale, keeps the tracker and checks tensors as Python",
           "[scaler]") {
   auto scaler = cpu_scaler(GradScalerOptions().init_scale(8.0).growth_interval(10));
-  auto param = make_param(1);
-  torch::optim::SGD optimizer({param}, 0.0);
-  scaler.scale(torch::ones({}));
-  set_grad(param, torch::ones({1}));
-  scaler.step(optimizer);
-  scaler.update();
+  amp_test::clean_iteration(scaler);
   REQUIRE(scaler.get_growth_tracker() == 1);
 
   scaler.update(3.0);
