@@ -1,9 +1,11 @@
-// amp::optim: Adam, AdamW and SGD for LibTorch over ATen's fused kernels, and the scaling
-// protocol through which GradScaler hands an optimizer the scale and the inf/NaN flag.
+// amp::optim: Adam, AdamW and SGD for LibTorch over ATen's fused kernels, on one base that
+// implements GradScaler's scaling protocol (amp/scaler_hooks.h).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -15,46 +17,9 @@
 #include <torch/serialize/output-archive.h>
 
 #include <amp/export.h>
+#include <amp/scaler_hooks.h>
 
 namespace amp::optim {
-
-/// An optimizer whose step() unscales the gradients and skips itself on the device (Python's
-/// `_step_supports_amp_scaling`). Derive from it next to torch::optim::Optimizer and GradScaler
-/// recognises the optimizer: GradScaler::step checks the gradients for inf/NaN without unscaling
-/// them (unless unscale_ was already called), hands the optimizer the scale and the flag through
-/// set_grad_scaling(), calls step() without reading anything back to the host, and clears both.
-/// In step(), divide the gradients by grad_scale() when it is defined and leave parameters and
-/// state untouched when found_inf() holds 1 (ATen's _fused_* kernels do both).
-class AMP_EXPORT SupportsAmpScaling {
- public:
-  virtual ~SupportsAmpScaling() = default;
-
-  /// The scale the gradients carry in the next step(): a 0-dim float32 tensor, or undefined when
-  /// they are already unscaled (unscale_ was called) or no scaler is involved.
-  const at::Tensor& grad_scale() const { return grad_scale_; }
-  /// The inf/NaN flag for the next step(): a 0-dim float32 tensor holding exactly 0 or 1 (1 =
-  /// leave everything untouched), or undefined when no scaler is involved.
-  const at::Tensor& found_inf() const { return found_inf_; }
-
-  /// Sets an extra scale before GradScaler::step, which then hands over the product of its own
-  /// scale and this one (Python's `optimizer.grad_scale` set by the user). Cleared after step.
-  void set_grad_scale(at::Tensor grad_scale) { grad_scale_ = std::move(grad_scale); }
-  /// Called by GradScaler::step before step(): the scale (undefined when the gradients are
-  /// already unscaled) and the flag.
-  void set_grad_scaling(at::Tensor grad_scale, at::Tensor found_inf) {
-    grad_scale_ = std::move(grad_scale);
-    found_inf_ = std::move(found_inf);
-  }
-  /// Called by GradScaler::step after step() (also when step() throws).
-  void clear_grad_scaling() {
-    grad_scale_ = at::Tensor();
-    found_inf_ = at::Tensor();
-  }
-
- private:
-  at::Tensor grad_scale_;
-  at::Tensor found_inf_;
-};
 
 /// Options of FusedAdam: LibTorch's AdamOptions (same names and defaults) plus maximize and
 /// capturable.
@@ -89,6 +54,8 @@ struct AMP_EXPORT FusedAdamOptions
   double get_lr() const override { return lr(); }
   /// Sets the learning rate (what LR schedulers write).
   void set_lr(const double lr) override { this->lr(lr); }
+  /// Field by field, as LibTorch's options compare.
+  AMP_EXPORT friend bool operator==(const FusedAdamOptions& lhs, const FusedAdamOptions& rhs);
 };
 
 /// Options of FusedAdamW: LibTorch's AdamWOptions (same names and defaults, weight_decay 1e-2)
@@ -123,6 +90,8 @@ struct AMP_EXPORT FusedAdamWOptions
   double get_lr() const override { return lr(); }
   /// Sets the learning rate (what LR schedulers write).
   void set_lr(const double lr) override { this->lr(lr); }
+  /// Field by field, as LibTorch's options compare.
+  AMP_EXPORT friend bool operator==(const FusedAdamWOptions& lhs, const FusedAdamWOptions& rhs);
 };
 
 /// Options of FusedSGD: LibTorch's SGDOptions (same names and defaults; lr has no default) plus
@@ -155,6 +124,8 @@ struct AMP_EXPORT FusedSGDOptions
   double get_lr() const override { return lr(); }
   /// Sets the learning rate (what LR schedulers write).
   void set_lr(const double lr) override { this->lr(lr); }
+  /// Field by field, as LibTorch's options compare.
+  AMP_EXPORT friend bool operator==(const FusedSGDOptions& lhs, const FusedSGDOptions& rhs);
 };
 
 /// Per-parameter state of FusedAdam and FusedAdamW. `step` is a 0-dim float32 tensor on the
@@ -176,6 +147,8 @@ struct AMP_EXPORT FusedAdamParamState
   void serialize(torch::serialize::InputArchive& archive) override;
   /// Writes LibTorch's layout; reads the step count back from its device (a sync).
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Tensor by tensor: both undefined, or equal dtype, device, shape and values (reads them).
+  AMP_EXPORT friend bool operator==(const FusedAdamParamState& lhs, const FusedAdamParamState& rhs);
 };
 
 /// Per-parameter state of FusedSGD: the momentum buffer (undefined without momentum), in
@@ -190,11 +163,21 @@ struct AMP_EXPORT FusedSGDParamState
   void serialize(torch::serialize::InputArchive& archive) override;
   /// Writes LibTorch's SGD layout.
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Tensor by tensor: both undefined, or equal dtype, device, shape and values (reads them).
+  AMP_EXPORT friend bool operator==(const FusedSGDParamState& lhs, const FusedSGDParamState& rhs);
 };
 
 namespace detail {
-/// The Adam family's step and checkpoint code, shared by FusedAdam and FusedAdamW.
-class AMP_EXPORT FusedAdamBase : public torch::optim::Optimizer, public SupportsAmpScaling {
+struct GroupWork;
+
+/// What every amp fused optimizer shares, so that a new one only states its arithmetic: param
+/// groups with LibTorch's option merging, the checks on parameters and gradients, the step
+/// preamble (closure, no-grad, the scale and inf/NaN flag GradScaler handed over, moved once to
+/// each group's device), capturable learning rates, and checkpoints in LibTorch's layout read
+/// all or nothing. A fused optimizer derives from it with its options and per-parameter state
+/// types, calls add_param_groups() from its constructor and defines the four hooks.
+template <typename Options, typename ParamState>
+class AMP_EXPORT FusedOptimizer : public torch::optim::Optimizer, public SupportsAmpScaling {
  public:
   /// One fused kernel call per param group and parameter dtype; runs the closure first (under
   /// grad mode) when given and returns its loss. Unscales by grad_scale() and skips on
@@ -210,14 +193,71 @@ class AMP_EXPORT FusedAdamBase : public torch::optim::Optimizer, public Supports
   void sync_capturable_lr();
 
  protected:
-  FusedAdamBase(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-                std::unique_ptr<torch::optim::OptimizerOptions> defaults, bool decoupled);
+  /// `name` is the optimizer's class name, as error messages print it.
+  FusedOptimizer(const char* name, const Options& defaults);
+  /// Merges each group's options with the defaults (LibTorch's rule), checks them and the
+  /// parameters, and adds the groups. Called from the derived constructor, where the hooks are
+  /// the derived class's.
+  void add_param_groups(std::vector<torch::optim::OptimizerParamGroup> groups);
+  /// Capturable mode: group `group_index`'s lr as a 0-dim float32 tensor on `device`, created
+  /// once and then updated in place (a CUDA graph keeps its address).
+  const at::Tensor& lr_tensor(size_t group_index, double lr, const c10::Device& device);
+  /// The class name given to the constructor.
+  const char* name() const { return name_; }
+
+  /// Hook: throws c10::Error, a sentence starting with `where`, for an option out of range.
+  virtual void check_options(const Options& options, const std::string& where) const = 0;
+  /// Hook: `group`'s options with every field left at its constructor default taken from
+  /// `defaults`.
+  virtual Options merge_options(const Options& group, const Options& defaults) const = 0;
+  /// Hook: updates group `group_index` (its parameters with gradients, checked and bucketed by
+  /// dtype in `work`) with the handed-over scale and flag on the group's device (nullopt when no
+  /// scaler is involved). State lives in `state_`, keyed by the parameter's TensorImpl.
+  virtual void step_group(size_t group_index, const Options& options, const GroupWork& work,
+                          const std::optional<at::Tensor>& grad_scale,
+                          const std::optional<at::Tensor>& found_inf) = 0;
+  /// Hook: a saved state entry checked against `param` (throws a sentence starting with
+  /// `where`) and copied to the parameter's device.
+  virtual std::unique_ptr<ParamState> loaded_state(const at::Tensor& param, const ParamState& saved,
+                                                   const std::string& where) const = 0;
 
  private:
-  bool decoupled_;  // AdamW's decoupled weight decay
+  const Options& checked_options(size_t group_index) const;
+
+  const char* name_;
   // Capturable mode: each group's learning rate in a device tensor, refreshed when it changes.
   std::vector<std::pair<double, at::Tensor>> lr_tensors_;
 };
+
+// Instantiated once, in the library (src/optim/<optimizer>.cpp).
+extern template class FusedOptimizer<FusedAdamOptions, FusedAdamParamState>;
+extern template class FusedOptimizer<FusedAdamWOptions, FusedAdamParamState>;
+extern template class FusedOptimizer<FusedSGDOptions, FusedSGDParamState>;
+}  // namespace detail
+
+namespace detail {
+/// Adam's step, checks and checkpoint state for FusedAdam (L2 weight decay) and FusedAdamW
+/// (decoupled weight decay), over each one's options type.
+template <typename Options>
+class AMP_EXPORT FusedAdamFamily : public FusedOptimizer<Options, FusedAdamParamState> {
+ protected:
+  using FusedOptimizer<Options, FusedAdamParamState>::FusedOptimizer;
+  /// The options' range checks (the base calls them at construction, each step and load).
+  void check_options(const Options& options, const std::string& where) const override;
+  /// LibTorch's rule for a group's options: fields left at their default take `defaults`.
+  Options merge_options(const Options& group, const Options& defaults) const override;
+  /// One group's update through ATen's fused kernel.
+  void step_group(size_t group_index, const Options& options, const GroupWork& work,
+                  const std::optional<at::Tensor>& grad_scale,
+                  const std::optional<at::Tensor>& found_inf) override;
+  /// A checkpoint's state entry checked against the parameter and moved to its device.
+  std::unique_ptr<FusedAdamParamState> loaded_state(const at::Tensor& param,
+                                                    const FusedAdamParamState& saved,
+                                                    const std::string& where) const override;
+};
+
+extern template class FusedAdamFamily<FusedAdamOptions>;
+extern template class FusedAdamFamily<FusedAdamWOptions>;
 }  // namespace detail
 
 /// Adam over ATen's fused kernel (`at::_fused_adam_`; CPU and CUDA): one kernel call per param
@@ -235,7 +275,7 @@ class AMP_EXPORT FusedAdamBase : public torch::optim::Optimizer, public Supports
 /// range, a non-floating parameter, parameters of one group on different devices, a device other
 /// than CPU and CUDA, sparse gradients, capturable with CPU parameters; a load whose groups, sizes
 /// or state shapes do not match leaves the optimizer unchanged.
-class AMP_EXPORT FusedAdam : public detail::FusedAdamBase {
+class AMP_EXPORT FusedAdam : public detail::FusedAdamFamily<FusedAdamOptions> {
  public:
   /// Param groups whose options, where set, override `defaults` field by field.
   explicit FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
@@ -246,7 +286,7 @@ class AMP_EXPORT FusedAdam : public detail::FusedAdamBase {
 
 /// AdamW (decoupled weight decay) over ATen's fused kernel (`at::_fused_adamw_`); everything else
 /// as FusedAdam. Equals Python's `torch.optim.AdamW(fused=True)` bit for bit.
-class AMP_EXPORT FusedAdamW : public detail::FusedAdamBase {
+class AMP_EXPORT FusedAdamW : public detail::FusedAdamFamily<FusedAdamWOptions> {
  public:
   /// Param groups whose options, where set, override `defaults` field by field.
   explicit FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
@@ -263,7 +303,7 @@ class AMP_EXPORT FusedAdamW : public detail::FusedAdamBase {
 /// held and feeds it into the next step). The next step then treats the buffer as initialised:
 /// with dampening 0 (the default) it computes exactly a first step; with dampening d it starts
 /// from (1 - d) * grad.
-class AMP_EXPORT FusedSGD : public torch::optim::Optimizer, public SupportsAmpScaling {
+class AMP_EXPORT FusedSGD : public detail::FusedOptimizer<FusedSGDOptions, FusedSGDParamState> {
  public:
   /// Param groups whose options, where set, override `defaults` field by field.
   explicit FusedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups,
@@ -271,21 +311,20 @@ class AMP_EXPORT FusedSGD : public torch::optim::Optimizer, public SupportsAmpSc
   /// One param group holding `params`.
   explicit FusedSGD(std::vector<at::Tensor> params, FusedSGDOptions defaults);
 
-  /// One fused kernel call per param group and parameter dtype; runs the closure first (under
-  /// grad mode) when given and returns its loss. Unscales by grad_scale() and skips on
-  /// found_inf() when a GradScaler set them.
-  at::Tensor step(LossClosure closure = nullptr) override;
-  /// Writes options and state in LibTorch's layout (reads step counts back to the host).
-  void save(torch::serialize::OutputArchive& archive) const override;
-  /// Reads a checkpoint of this optimizer or of LibTorch's counterpart; all or nothing.
-  void load(torch::serialize::InputArchive& archive) override;
-  /// Capturable mode: writes each group's current lr into its device tensor, in place. step()
-  /// does this itself; a replay of a captured CUDA graph runs no host code, so after changing a
-  /// group's lr between replays call this before the next replay. No-op for groups without one.
-  void sync_capturable_lr();
-
- private:
-  std::vector<std::pair<double, at::Tensor>> lr_tensors_;
+ protected:
+  /// The options' range checks (the base calls them at construction, each step and load).
+  void check_options(const FusedSGDOptions& options, const std::string& where) const override;
+  /// LibTorch's rule for a group's options: fields left at their default take `defaults`.
+  FusedSGDOptions merge_options(const FusedSGDOptions& group,
+                                const FusedSGDOptions& defaults) const override;
+  /// One group's update through ATen's fused kernel.
+  void step_group(size_t group_index, const FusedSGDOptions& options, const detail::GroupWork& work,
+                  const std::optional<at::Tensor>& grad_scale,
+                  const std::optional<at::Tensor>& found_inf) override;
+  /// A checkpoint's state entry checked against the parameter and moved to its device.
+  std::unique_ptr<FusedSGDParamState> loaded_state(const at::Tensor& param,
+                                                   const FusedSGDParamState& saved,
+                                                   const std::string& where) const override;
 };
 
 }  // namespace amp::optim

@@ -1,85 +1,21 @@
-// What FusedAdam/FusedAdamW/FusedSGD share around ATen's fused kernels: the checks on a group's
-// parameters, buckets by dtype, the scale and flag per device, capturable learning rates, and
-// the all-or-nothing reading of a checkpoint archive in LibTorch's optimizer layout.
+// The fused optimizers' checkpoints in LibTorch's optimizer layout: an archive read completely
+// and matched to the optimizer's parameters before anything is applied, and the entry readers
+// and writers the options and states use.
 #pragma once
 
-#include <cstddef>
-#include <optional>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/Device.h>
-#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/input-archive.h>
-
-#include <amp/optim.h>
+#include <torch/serialize/output-archive.h>
 
 namespace amp::optim::detail {
-
-/// The parameters of one group that have a gradient, all on `device`, split by dtype (ATen's
-/// CUDA kernels take one dtype per call; the order within a bucket follows the group).
-struct GroupWork {
-  c10::Device device{c10::kCPU};
-  std::vector<std::pair<at::ScalarType, std::vector<at::Tensor>>> params_by_dtype;
-  bool empty() const { return params_by_dtype.empty(); }
-};
-
-/// Collects and checks group `group_index`'s parameters with gradients: floating dtype, CPU or
-/// CUDA (CUDA only when capturable), one device for the whole group, dense gradients of the
-/// parameter's dtype, shape and device. Throws c10::Error naming `optimizer`, the group, the
-/// parameter index and the fix.
-GroupWork collect_group(const torch::optim::OptimizerParamGroup& group, size_t group_index,
-                        const char* optimizer, bool capturable);
-
-/// Checks at construction what can be checked before gradients exist (dtype, device type).
-void check_params(const torch::optim::OptimizerParamGroup& group, size_t group_index,
-                  const char* optimizer, bool capturable);
-
-/// The scale and flag handed over by GradScaler for this step, moved to each device at most once
-/// (no copy when already there). Both empty when no scaler is involved.
-class StepScaling {
- public:
-  explicit StepScaling(const SupportsAmpScaling& optimizer);
-  std::optional<at::Tensor> grad_scale(const c10::Device& device);
-  std::optional<at::Tensor> found_inf(const c10::Device& device);
-
- private:
-  static std::optional<at::Tensor> on(const at::Tensor& source,
-                                      std::vector<std::pair<c10::Device, at::Tensor>>& copies,
-                                      const c10::Device& device);
-  at::Tensor grad_scale_;
-  at::Tensor found_inf_;
-  std::vector<std::pair<c10::Device, at::Tensor>> grad_scale_copies_;
-  std::vector<std::pair<c10::Device, at::Tensor>> found_inf_copies_;
-};
-
-/// Capturable mode: group `group_index`'s learning rate as a 0-dim float32 tensor on `device`.
-/// Created once and then updated in place (a CUDA graph keeps its address) when `lr` changes.
-const at::Tensor& capturable_lr(std::vector<std::pair<double, at::Tensor>>& cache,
-                                size_t group_index, double lr, const c10::Device& device);
-
-/// Writes each group's current lr into its capturable lr tensor (those that exist), in place.
-void sync_capturable_lrs(std::vector<std::pair<double, at::Tensor>>& cache,
-                         const std::vector<torch::optim::OptimizerParamGroup>& groups);
-
-/// Range checks, one wording for construction, step and load (`where` names the caller).
-void check_adam_options(const FusedAdamOptions& options, const std::string& where);
-void check_adam_options(const FusedAdamWOptions& options, const std::string& where);
-void check_sgd_options(const FusedSGDOptions& options, const std::string& where);
-
-/// A group's options as given, with every field left at its constructor default taken from the
-/// optimizer's defaults (LibTorch's rule for param groups).
-std::unique_ptr<torch::optim::OptimizerOptions> merge_group_options(
-    const torch::optim::OptimizerOptions& group, const torch::optim::OptimizerOptions& defaults);
-
-/// Adds `groups` (options already merged and checked) to `optimizer` with exactly those options:
-/// Optimizer::add_param_group merges only LibTorch's own option types.
-void adopt_groups(torch::optim::Optimizer& optimizer,
-                  std::vector<torch::optim::OptimizerParamGroup> groups);
 
 /// An optimizer archive in LibTorch's layout, read completely before anything is applied.
 template <typename Options, typename ParamState>
@@ -113,6 +49,12 @@ bool read_bool(torch::serialize::InputArchive& archive, const char* key, bool re
                bool fallback);
 /// Reads a tensor-valued key, undefined when absent.
 at::Tensor read_tensor(torch::serialize::InputArchive& archive, const char* key);
+
+/// Writes a tensor-valued key; as LibTorch, an undefined tensor is not written (Python omits it).
+void write_tensor(torch::serialize::OutputArchive& archive, const char* key,
+                  const at::Tensor& tensor);
+/// Both undefined, or equal dtype, device, shape and values (operator== of the param states).
+bool same_tensor(const at::Tensor& lhs, const at::Tensor& rhs);
 
 // ---- template definitions ----
 

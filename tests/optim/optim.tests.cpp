@@ -10,17 +10,10 @@
 
 #include <amp/optim.h>
 
-#include "support/bits.h"
+#include "support/optim_helpers.h"
 
 using amp::optim::FusedAdam;
 using amp::optim::FusedAdamOptions;
-using amp::optim::FusedAdamParamState;
-using amp::optim::FusedAdamW;
-using amp::optim::FusedAdamWOptions;
-using amp::optim::FusedSGD;
-using amp::optim::FusedSGDOptions;
-using amp_test::same_bits;
-using Catch::Contains;
 
 namespace {
 
@@ -53,19 +46,21 @@ void train(torch::optim::Optimizer& opt, std::vector<torch::Tensor>& params, int
   }
 }
 
-bool all_same_bits(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!same_bits(a[i].detach(), b[i].detach())) return false;
-  }
-  return true;
-}
-
 void check_close(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   for (size_t i = 0; i < a.size(); ++i) {
     INFO("parameter " << i << " max abs diff " << (a[i] - b[i]).abs().max().item<double>());
     CHECK(torch::allclose(a[i].detach(), b[i].detach(), 1e-5, 1e-6));
   }
+}
+
+// Trains LibTorch's `ref` and amp's `fused`, each on its own copy of the parameters, through
+// steps [first, last) with the same gradients, and checks that they agree to float32 rounding.
+void train_both(torch::optim::Optimizer& ref, std::vector<torch::Tensor>& ref_params,
+                torch::optim::Optimizer& fused, std::vector<torch::Tensor>& params, int first,
+                int last) {
+  train(ref, ref_params, first, last);
+  train(fused, params, first, last);
+  check_close(params, ref_params);
 }
 
 std::string saved(const torch::optim::Optimizer& opt) {
@@ -83,7 +78,59 @@ void load_into(torch::optim::Optimizer& opt, const std::string& bytes) {
   opt.load(archive);
 }
 
+// The state `opt` keeps for `param`.
+template <typename State>
+const State& state_of(const torch::optim::Optimizer& opt, const torch::Tensor& param) {
+  return static_cast<const State&>(*opt.state().at(param.unsafeGetTensorImpl()));
+}
+
 }  // namespace
+
+TEST_CASE("Options and param states compare field by field", "[optim]") {
+  CHECK(FusedAdamOptions(0.01) == FusedAdamOptions(0.01));
+  CHECK_FALSE(FusedAdamOptions(0.01) == FusedAdamOptions(0.02));
+  CHECK_FALSE(FusedAdamWOptions().amsgrad(true) == FusedAdamWOptions());
+  CHECK_FALSE(FusedAdamWOptions().betas({0.8, 0.999}) == FusedAdamWOptions());
+  CHECK_FALSE(FusedSGDOptions(0.1).nesterov(true).momentum(0.9) ==
+              FusedSGDOptions(0.1).momentum(0.9));
+  CHECK_FALSE(FusedSGDOptions(0.1).capturable(true) == FusedSGDOptions(0.1));
+
+  FusedAdamParamState a;
+  a.step(torch::full({}, 3.0f)).exp_avg(torch::ones({2})).exp_avg_sq(torch::zeros({2}));
+  FusedAdamParamState b;
+  b.step(torch::full({}, 3.0f)).exp_avg(torch::ones({2})).exp_avg_sq(torch::zeros({2}));
+  CHECK(a == b);
+  b.max_exp_avg_sq(torch::zeros({2}));  // defined on one side only
+  CHECK_FALSE(a == b);
+  b.max_exp_avg_sq(torch::Tensor());
+  b.exp_avg(torch::ones({2}, torch::kDouble));  // same values, another dtype
+  CHECK_FALSE(a == b);
+  b.exp_avg(torch::tensor({1.0f, 2.0f}));
+  CHECK_FALSE(a == b);
+
+  amp::optim::FusedSGDParamState none;
+  amp::optim::FusedSGDParamState buffer;
+  buffer.momentum_buffer(torch::zeros({3}));
+  CHECK(none == amp::optim::FusedSGDParamState());
+  CHECK_FALSE(none == buffer);
+}
+
+TEST_CASE("A param group with another optimizer's options type is refused with a sentence",
+          "[optim]") {
+  auto params = make_params(4);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{params[0]},
+                      std::make_unique<torch::optim::AdamWOptions>(0.1));
+  CHECK_THROWS_WITH(
+      FusedAdamW(groups, FusedAdamWOptions()),
+      Contains("FusedAdamW: the options of param group 0 are not FusedAdamWOptions") &&
+          Contains("Pass FusedAdamWOptions, or leave the group's options out"));
+  std::vector<torch::optim::OptimizerParamGroup> sgd_groups;
+  sgd_groups.emplace_back(std::vector<torch::Tensor>{params[1]},
+                          std::make_unique<FusedAdamOptions>(0.1));
+  CHECK_THROWS_WITH(FusedSGD(sgd_groups, FusedSGDOptions(0.1)),
+                    Contains("FusedSGD: the options of param group 0 are not FusedSGDOptions"));
+}
 
 TEST_CASE("Fused options have LibTorch's names and defaults", "[optim]") {
   const torch::optim::AdamOptions adam;
@@ -123,9 +170,7 @@ TEST_CASE("FusedAdamW and FusedAdam follow LibTorch's AdamW and Adam to float32 
     torch::optim::AdamW ref(
         ref_params, torch::optim::AdamWOptions(0.01).weight_decay(weight_decay).amsgrad(amsgrad));
     FusedAdamW fused(params, FusedAdamWOptions(0.01).weight_decay(weight_decay).amsgrad(amsgrad));
-    train(ref, ref_params, 0, 6);
-    train(fused, params, 0, 6);
-    check_close(params, ref_params);
+    train_both(ref, ref_params, fused, params, 0, 6);
     // The state a user inspects: the step count (a float32 device tensor) and the moments.
     const auto& state =
         static_cast<const FusedAdamParamState&>(*fused.state().at(params[0].unsafeGetTensorImpl()));
@@ -138,9 +183,7 @@ TEST_CASE("FusedAdamW and FusedAdam follow LibTorch's AdamW and Adam to float32 
   torch::optim::Adam ref(
       ref_adam_params, torch::optim::AdamOptions(0.01).weight_decay(weight_decay).amsgrad(amsgrad));
   FusedAdam fused(adam_params, FusedAdamOptions(0.01).weight_decay(weight_decay).amsgrad(amsgrad));
-  train(ref, ref_adam_params, 0, 6);
-  train(fused, adam_params, 0, 6);
-  check_close(adam_params, ref_adam_params);
+  train_both(ref, ref_adam_params, fused, adam_params, 0, 6);
 }
 
 TEST_CASE("FusedSGD follows LibTorch's SGD with momentum, dampening, nesterov and weight decay",
@@ -165,9 +208,7 @@ TEST_CASE("FusedSGD follows LibTorch's SGD with momentum, dampening, nesterov an
                              .dampening(c.dampening)
                              .weight_decay(c.weight_decay)
                              .nesterov(c.nesterov));
-  train(ref, ref_params, 0, 5);
-  train(fused, params, 0, 5);
-  check_close(params, ref_params);
+  train_both(ref, ref_params, fused, params, 0, 5);
   CHECK(fused.state().empty() == (c.momentum == 0.0));
 }
 
@@ -255,8 +296,12 @@ TEST_CASE("A checkpoint resumes bit for bit, and loads into a fresh optimizer", 
   auto restarted = clones(resumed);
   FusedAdamW fresh(restarted, FusedAdamWOptions(0.5));
   load_into(fresh, checkpoint);
-  CHECK(static_cast<const FusedAdamWOptions&>(fresh.param_groups()[0].options()).lr() == 0.01);
-  CHECK(static_cast<const FusedAdamWOptions&>(fresh.param_groups()[0].options()).amsgrad());
+  CHECK(static_cast<const FusedAdamWOptions&>(fresh.param_groups()[0].options()) ==
+        FusedAdamWOptions(0.01).amsgrad(true));
+  for (size_t i = 0; i < restarted.size(); ++i) {
+    CHECK(state_of<FusedAdamParamState>(fresh, restarted[i]) ==
+          state_of<FusedAdamParamState>(first_run, resumed[i]));
+  }
   train(fresh, restarted, 3, 6);
   CHECK(all_same_bits(restarted, straight));
 
@@ -271,6 +316,8 @@ TEST_CASE("A checkpoint resumes bit for bit, and loads into a fresh optimizer", 
   train(sgd, sgd_straight, 2, 4);
   FusedSGD sgd_fresh(sgd_restarted, FusedSGDOptions(1.0));
   load_into(sgd_fresh, sgd_checkpoint);
+  CHECK(static_cast<const FusedSGDOptions&>(sgd_fresh.param_groups()[0].options()) ==
+        FusedSGDOptions(0.05).momentum(0.9).nesterov(true));
   train(sgd_fresh, sgd_restarted, 2, 4);
   CHECK(all_same_bits(sgd_restarted, sgd_straight));
 }
@@ -296,9 +343,7 @@ TEST_CASE("LibTorch's AdamW and SGD checkpoints load into the fused optimizers, 
   }
   CHECK(static_cast<const FusedAdamWOptions&>(fused.param_groups()[0].options()).lr() == 0.01);
   // The next steps continue LibTorch's run (to float32 rounding: the kernels differ).
-  train(libtorch, ref_params, 4, 7);
-  train(fused, params, 4, 7);
-  check_close(params, ref_params);
+  train_both(libtorch, ref_params, fused, params, 4, 7);
 
   // amp -> LibTorch: LibTorch's reader takes amp's archive.
   auto back = clones(params);

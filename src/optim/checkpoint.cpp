@@ -1,0 +1,59 @@
+// The fused optimizers' checkpoint entries: numbers, flags and tensors in LibTorch's layout.
+#include "optim/checkpoint.h"
+
+#include <optional>
+
+#include <ATen/ATen.h>
+
+namespace amp::optim::detail {
+
+namespace {
+
+// The entry under `key`, or nullopt when it is absent and not `required`.
+std::optional<c10::IValue> find_entry(torch::serialize::InputArchive& archive, const char* key,
+                                      bool required) {
+  c10::IValue value;
+  if (archive.try_read(key, value)) return value;
+  TORCH_CHECK(!required, "the entry \"", key, "\" is missing");
+  return std::nullopt;
+}
+
+}  // namespace
+
+double read_double(torch::serialize::InputArchive& archive, const char* key, bool required,
+                   double fallback) {
+  const auto value = find_entry(archive, key, required);
+  if (!value) return fallback;
+  TORCH_CHECK(value->isDouble() || value->isInt(), "the entry \"", key, "\" is a ",
+              value->tagKind(), ", not a number");
+  return value->isDouble() ? value->toDouble() : static_cast<double>(value->toInt());
+}
+
+bool read_bool(torch::serialize::InputArchive& archive, const char* key, bool required,
+               bool fallback) {
+  const auto value = find_entry(archive, key, required);
+  if (!value) return fallback;
+  TORCH_CHECK(value->isBool(), "the entry \"", key, "\" is a ", value->tagKind(), ", not a bool");
+  return value->toBool();
+}
+
+at::Tensor read_tensor(torch::serialize::InputArchive& archive, const char* key) {
+  const auto value = find_entry(archive, key, /*required=*/false);
+  if (!value) return at::Tensor();
+  TORCH_CHECK(value->isTensor(), "the entry \"", key, "\" is a ", value->tagKind(),
+              ", not a tensor");
+  return value->toTensor();
+}
+
+void write_tensor(torch::serialize::OutputArchive& archive, const char* key,
+                  const at::Tensor& tensor) {
+  if (tensor.defined()) archive.write(key, c10::IValue(tensor));
+}
+
+bool same_tensor(const at::Tensor& lhs, const at::Tensor& rhs) {
+  if (!lhs.defined() || !rhs.defined()) return lhs.defined() == rhs.defined();
+  return lhs.scalar_type() == rhs.scalar_type() && lhs.device() == rhs.device() &&
+         lhs.sizes() == rhs.sizes() && at::equal(lhs, rhs);
+}
+
+}  // namespace amp::optim::detail

@@ -1,0 +1,147 @@
+// The definitions of detail::FusedOptimizer (declared in amp/optim.h), included only by the
+// source file of each fused optimizer, which instantiates the base for its own types.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+#include <torch/optim/serialize.h>
+
+#include <amp/optim.h>
+
+#include "optim/checkpoint.h"
+#include "optim/param_groups.h"
+
+namespace amp::optim::detail {
+
+/// The scale and flag handed over by GradScaler for this step, moved to each device at most once
+/// (no copy when already there). Both empty when no scaler is involved.
+class StepScaling {
+ public:
+  explicit StepScaling(const SupportsAmpScaling& optimizer);
+  std::optional<at::Tensor> grad_scale(const c10::Device& device);
+  std::optional<at::Tensor> found_inf(const c10::Device& device);
+
+ private:
+  static std::optional<at::Tensor> on(const at::Tensor& source,
+                                      std::vector<std::pair<c10::Device, at::Tensor>>& copies,
+                                      const c10::Device& device);
+  at::Tensor grad_scale_;
+  at::Tensor found_inf_;
+  std::vector<std::pair<c10::Device, at::Tensor>> grad_scale_copies_;
+  std::vector<std::pair<c10::Device, at::Tensor>> found_inf_copies_;
+};
+
+/// Capturable mode: entry `group_index` of `cache` as a 0-dim float32 tensor on `device` holding
+/// `lr`. Created once and then updated in place (a CUDA graph keeps its address) when `lr`
+/// changes.
+const at::Tensor& capturable_lr(std::vector<std::pair<double, at::Tensor>>& cache,
+                                size_t group_index, double lr, const c10::Device& device);
+
+/// "<name> (param group <g>)", how option errors name a group.
+std::string group_where(const char* name, size_t group_index);
+
+// ---- FusedOptimizer's members ----
+
+template <typename Options, typename ParamState>
+FusedOptimizer<Options, ParamState>::FusedOptimizer(const char* name, const Options& defaults)
+    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
+                              std::make_unique<Options>(defaults)),
+      name_(name) {}
+
+template <typename Options, typename ParamState>
+void FusedOptimizer<Options, ParamState>::add_param_groups(
+    std::vector<torch::optim::OptimizerParamGroup> groups) {
+  const auto& defaults = static_cast<const Options&>(this->defaults());
+  check_options(defaults, name_);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].has_options()) {
+      const auto* given = dynamic_cast<const Options*>(&groups[g].options());
+      TORCH_CHECK(given != nullptr, name_, ": the options of param group ", g, " are not ", name_,
+                  "Options; a group's options must be of the optimizer's own options type. Pass ",
+                  name_, "Options, or leave the group's options out to use the defaults.");
+      groups[g].set_options(std::make_unique<Options>(merge_options(*given, defaults)));
+    } else {
+      groups[g].set_options(std::make_unique<Options>(defaults));
+    }
+    const auto& options = static_cast<const Options&>(groups[g].options());
+    check_options(options, group_where(name_, g));
+    check_params(groups[g], g, name_, options.capturable());
+  }
+  adopt_groups(*this, std::move(groups));
+}
+
+template <typename Options, typename ParamState>
+const Options& FusedOptimizer<Options, ParamState>::checked_options(size_t group_index) const {
+  // A group's options are ours: add_param_groups set them, and load() sets only its own type.
+  const auto& options = static_cast<const Options&>(param_groups_[group_index].options());
+  // Rechecked every step: options may have been changed through param_groups() since.
+  check_options(options, group_where(name_, group_index));
+  return options;
+}
+
+template <typename Options, typename ParamState>
+at::Tensor FusedOptimizer<Options, ParamState>::step(LossClosure closure) {
+  at::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  at::NoGradGuard no_grad;
+  StepScaling scaling(*this);
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const Options& options = checked_options(g);
+    const GroupWork work = collect_group(param_groups_[g], g, name_, options.capturable());
+    if (work.empty()) continue;
+    step_group(g, options, work, scaling.grad_scale(work.device), scaling.found_inf(work.device));
+  }
+  return loss;
+}
+
+template <typename Options, typename ParamState>
+const at::Tensor& FusedOptimizer<Options, ParamState>::lr_tensor(size_t group_index, double lr,
+                                                                 const c10::Device& device) {
+  return capturable_lr(lr_tensors_, group_index, lr, device);
+}
+
+template <typename Options, typename ParamState>
+void FusedOptimizer<Options, ParamState>::sync_capturable_lr() {
+  for (size_t g = 0; g < lr_tensors_.size() && g < param_groups_.size(); ++g) {
+    const at::Tensor& tensor = lr_tensors_[g].second;
+    if (tensor.defined()) lr_tensor(g, param_groups_[g].options().get_lr(), tensor.device());
+  }
+}
+
+template <typename Options, typename ParamState>
+void FusedOptimizer<Options, ParamState>::save(torch::serialize::OutputArchive& archive) const {
+  // LibTorch's own writer (its layout), calling this library's option and state entries.
+  torch::optim::serialize<ParamState, torch::optim::OptimizerOptions>(archive, *this);
+}
+
+template <typename Options, typename ParamState>
+void FusedOptimizer<Options, ParamState>::load(torch::serialize::InputArchive& archive) {
+  // Everything is read and checked before the first write: a failed load changes nothing.
+  const std::string name = name_;
+  auto contents = read_archive<Options, ParamState>(archive, name);
+  for (size_t g = 0; g < contents.groups.size(); ++g) {
+    check_options(contents.groups[g].options,
+                  name + "::load (param group " + std::to_string(g) + ")");
+  }
+  auto state =
+      match_state(contents, *this, name,
+                  [this](const at::Tensor& param, const ParamState& saved,
+                         const std::string& where) { return loaded_state(param, saved, where); });
+  for (size_t g = 0; g < contents.groups.size(); ++g) {
+    param_groups_[g].set_options(std::make_unique<Options>(contents.groups[g].options));
+  }
+  state_ = std::move(state);
+}
+
+}  // namespace amp::optim::detail
