@@ -1,6 +1,7 @@
 // One rank of a multi-process amp::distributed test, started like a torchrun rank by
-// tests/distributed.tests.cpp: runs the scenario named on its command line and prints what it
-// saw as "key value" lines (float values as hex bit patterns, compared exactly by the test).
+// distributed.tests.cpp and parity/ddp_parity.py: runs the scenario named on its command line and
+// prints what it saw as "key value" lines (float values as hex bit patterns, compared exactly by
+// the test).
 #include <cinttypes>
 #include <cmath>
 #include <csignal>

@@ -10,13 +10,23 @@
 # the one-process run with the same global batch.
 cmake_minimum_required(VERSION 3.25)
 
+# Runs the command after <shown> (240 s at the most), prints "$ <shown>" with its output and exit
+# code, fails unless it exits 0 ("expected exit code 0 from <what>"), and sets <out_var> to its
+# standard output.
+function(run_expecting_success out_var what shown)
+  execute_process(COMMAND ${ARGN}
+    RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err TIMEOUT 240)
+  message("$ ${shown}\n${_out}${_err}-- exit code ${_rc}")
+  if(NOT _rc STREQUAL "0")
+    message(FATAL_ERROR "expected exit code 0 from ${what}, got ${_rc}")
+  endif()
+  set(${out_var} "${_out}" PARENT_SCOPE)
+endfunction()
+
 string(REPLACE "|" ";" _args "${ARGS}")
-execute_process(COMMAND "${TORCHRUN}" --no-python --nproc-per-node ${RANKS} "${PROGRAM}" ${_args}
-  RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err TIMEOUT 240)
-message("$ torchrun --no-python --nproc-per-node ${RANKS} ${PROGRAM} ${_args}\n${_out}${_err}-- exit code ${_rc}")
-if(NOT _rc STREQUAL "0")
-  message(FATAL_ERROR "expected exit code 0 from torchrun, got ${_rc}")
-endif()
+run_expecting_success(_out torchrun
+  "torchrun --no-python --nproc-per-node ${RANKS} ${PROGRAM} ${_args}"
+  "${TORCHRUN}" --no-python --nproc-per-node ${RANKS} "${PROGRAM}" ${_args})
 
 string(REGEX MATCHALL "rank [0-9]+ parameters: fingerprint [0-9a-f]+" _prints "${_out}")
 list(LENGTH _prints _count)
@@ -44,12 +54,7 @@ endif()
 string(REGEX MATCH "done: precision [a-z0-9]+, ${RANKS} ranks, test accuracy ([0-9.]+)%" _ "${_out}")
 set(_parallel "${CMAKE_MATCH_1}")
 
-execute_process(COMMAND "${PROGRAM}" ${_args}
-  RESULT_VARIABLE _rc OUTPUT_VARIABLE _single ERROR_VARIABLE _single_err TIMEOUT 240)
-message("$ ${PROGRAM} ${_args}\n${_single}${_single_err}-- exit code ${_rc}")
-if(NOT _rc STREQUAL "0")
-  message(FATAL_ERROR "expected exit code 0 from the one-process run, got ${_rc}")
-endif()
+run_expecting_success(_single "the one-process run" "${PROGRAM} ${_args}" "${PROGRAM}" ${_args})
 string(REGEX MATCH "done: precision [a-z0-9]+, 1 rank, test accuracy ([0-9.]+)%" _ "${_single}")
 set(_one "${CMAKE_MATCH_1}")
 if(_parallel STREQUAL "" OR _one STREQUAL "")

@@ -15,7 +15,7 @@
 
 #include "common/checkpoint.h"
 #include "common/program.h"
-#include "examples/temp_dir.h"
+#include "support/temp_dir.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 
 #include "common/idx.h"
 #include "examples/idx_writer.h"
-#include "examples/temp_dir.h"
+#include "support/temp_dir.h"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include "common/idx.h"
 #include "common/mnist_tensors.h"
 #include "examples/idx_writer.h"
-#include "examples/temp_dir.h"
+#include "support/temp_dir.h"
 
 namespace {
 
@@ -43,15 +43,27 @@ void write_half(const fs::path& dir, const std::string& prefix, std::uint32_t co
                       amp_test::encode_idx(amp_test::kIdxLabelsMagic, {count}, labels));
 }
 
+// Writes both halves into `dir`: `train` training images (images 0, 1, ...) and `test` test
+// images (the images after them), side x side pixels each.
+void write_halves(const fs::path& dir, std::uint32_t train, std::uint32_t test,
+                  std::uint32_t side) {
+  write_half(dir, "train", train, side, 0);
+  write_half(dir, "t10k", test, side, train);
+}
+
+// The halves write_halves(dir, train, test, 28) writes, loaded with `mode` on the CPU.
+amp_examples::ImageData write_and_load(const fs::path& dir, std::uint32_t train, std::uint32_t test,
+                                       Pixels mode) {
+  write_halves(dir, train, test, 28);
+  return amp_examples::load_image_data(dir, mode, c10::DeviceType::CPU);
+}
+
 }  // namespace
 
 TEST_CASE("Both halves load as [N, 1, 28, 28] float32 images in [0, 1] and int64 labels",
           "[examples]") {
   TempDir dir("mnist_tensors_tests");
-  write_half(dir.path(), "train", 3, 28, 0);
-  write_half(dir.path(), "t10k", 2, 28, 3);
-  const amp_examples::ImageData data =
-      amp_examples::load_image_data(dir.path(), Pixels::kUnitRange, c10::DeviceType::CPU);
+  const amp_examples::ImageData data = write_and_load(dir.path(), 3, 2, Pixels::kUnitRange);
 
   CHECK(data.train.size() == 3);
   CHECK(data.test.size() == 2);
@@ -71,10 +83,7 @@ TEST_CASE("Both halves load as [N, 1, 28, 28] float32 images in [0, 1] and int64
 TEST_CASE("Standardised pixels use the training set's mean and deviation for both halves",
           "[examples]") {
   TempDir dir("mnist_tensors_tests");
-  write_half(dir.path(), "train", 4, 28, 0);
-  write_half(dir.path(), "t10k", 2, 28, 4);
-  const amp_examples::ImageData data =
-      amp_examples::load_image_data(dir.path(), Pixels::kStandardised, c10::DeviceType::CPU);
+  const amp_examples::ImageData data = write_and_load(dir.path(), 4, 2, Pixels::kStandardised);
 
   // The training pixels' mean and sample standard deviation (n - 1, as torch.std), in double.
   const Bytes train_bytes = pixels(4, 28, 0);
@@ -98,8 +107,7 @@ TEST_CASE("Standardised pixels use the training set's mean and deviation for bot
 
 TEST_CASE("Images of another size than 28x28 are refused, naming the file", "[examples]") {
   TempDir dir("mnist_tensors_tests");
-  write_half(dir.path(), "train", 2, 14, 0);
-  write_half(dir.path(), "t10k", 2, 14, 2);
+  write_halves(dir.path(), 2, 2, 14);
   CHECK_THROWS_MATCHES(
       amp_examples::load_image_data(dir.path(), Pixels::kUnitRange, c10::DeviceType::CPU),
       amp_examples::DataError,

@@ -16,7 +16,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from scaler_parity import DTYPES, forward, make_inputs, same_bits
+from scaler_parity import DTYPES, forward, make_inputs, same_bits, scenario_config
 
 # autocast: "none" or the autocast dtype. param_dtype: the model weights' dtype (inputs follow).
 # scaler: "enabled", "disabled" (GradScaler(enabled=False)) or "none" (plain backward and step).
@@ -159,11 +159,7 @@ def skipped_steps_change_nothing(config, weights, actual):
 
 
 def main(scenario, driver, workdir, device="cpu"):
-    if device == "cuda" and not torch.cuda.is_available():
-        print("skipped: the CUDA scenarios need a GPU and torch sees none")
-        sys.exit(77)
-    config = dict(DEFAULTS, **SCENARIOS[scenario], device=device)
-    os.makedirs(workdir, exist_ok=True)
+    config = scenario_config(DEFAULTS, SCENARIOS, scenario, workdir, device)
     weights, xs, ys = make_inputs(dict(config, two_models=0, accumulate=1, data_scale=1.0))
     dtype = DTYPES[config["param_dtype"]]
     weights, xs, ys = ([t.to(dtype) for t in ts] for ts in (weights, xs, ys))

@@ -152,12 +152,19 @@ def same_bits(a, b):
     return torch.equal(a, b)
 
 
-def main(scenario, driver, workdir, device="cpu"):
+def scenario_config(defaults, scenarios, scenario, workdir, device):
+    """The scenario's config (defaults, its overrides, the device) with WORKDIR created; with
+    "cuda" and no usable GPU, exits 77 (CTest's skip code) first. Shared with optim_parity.py."""
     if device == "cuda" and not torch.cuda.is_available():
         print("skipped: the CUDA scenarios need a GPU and torch sees none")
         sys.exit(77)
-    config = dict(DEFAULTS, **SCENARIOS[scenario], device=device)
+    config = dict(defaults, **scenarios[scenario], device=device)
     os.makedirs(workdir, exist_ok=True)
+    return config
+
+
+def main(scenario, driver, workdir, device="cpu"):
+    config = scenario_config(DEFAULTS, SCENARIOS, scenario, workdir, device)
     weights, xs, ys = make_inputs(config)
     inputs = dict(config, inject=torch.tensor(config["inject"], dtype=torch.int64).reshape(-1, 2),
                   weights=weights, xs=xs, ys=ys)

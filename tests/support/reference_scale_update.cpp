@@ -1,9 +1,14 @@
-// Reference extended scale update in plain tensor ops (see reference_scale_update.h).
+// Reference extended scale update in plain tensor ops, and the random-update check against it
+// (see reference_scale_update.h).
 #include "support/reference_scale_update.h"
 
 #include <limits>
 
 #include <ATen/ATen.h>
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include "support/bits.h"
 
 namespace amp_test {
 
@@ -51,6 +56,27 @@ void reference_update_scale_extended_(at::Tensor& scale, at::Tensor& growth_trac
     counters.select(0, 0).add_(1 - skipped);
     counters.select(0, 1).add_(skipped);
     counters.select(0, 2).add_(1).mul_(skipped);
+  }
+}
+
+void require_random_updates_match_reference(const UpdateOptions& o, int steps, c10::Device device) {
+  const auto on = [&](torch::ScalarType dtype) {
+    return torch::TensorOptions().dtype(dtype).device(device);
+  };
+  auto s1 = torch::full({}, 64.0f, on(torch::kFloat)), s2 = s1.clone();
+  auto t1 = torch::zeros({}, on(torch::kInt)), t2 = t1.clone();
+  auto h1 = torch::full({}, static_cast<int>(o.hysteresis), on(torch::kInt)), h2 = h1.clone();
+  auto c1 = torch::zeros({3}, on(torch::kLong)), c2 = c1.clone();
+  for (int step = 0; step < steps; ++step) {
+    const auto found =
+        torch::full({}, torch::rand({1}).item<float>() < 0.4f ? 1.0f : 0.0f, on(torch::kFloat));
+    update_scale_extended_(s1, t1, h1, c1, found, o);
+    reference_update_scale_extended_(s2, t2, h2, c2, found, o);
+    INFO("step " << step);
+    REQUIRE(same_bits(s1, s2));
+    REQUIRE(torch::equal(t1, t2));
+    REQUIRE(torch::equal(h1, h2));
+    REQUIRE(torch::equal(c1, c2));
   }
 }
 

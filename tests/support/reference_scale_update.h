@@ -1,8 +1,9 @@
 // A reference for amp's extended scale update, written with plain tensor ops (no fused kernel):
-// the fused op and GradScaler are compared with it.
+// the fused op and GradScaler are compared with it, on the CPU and on CUDA alike.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <amp/ops.h>
 
@@ -38,5 +39,11 @@ inline void update_scale_extended_(at::Tensor& scale, at::Tensor& growth_tracker
       hysteresis_remaining, counters.defined() ? std::optional<at::Tensor>(counters) : std::nullopt,
       amp::ScaleUpdateExtensions{o.hysteresis, o.consecutive_hysteresis, o.min_scale, o.max_scale});
 }
+
+/// From GradScaler's 0-dim state on `device` (scale 64, tracker 0, a full hysteresis allowance,
+/// three zero counters), runs `steps` updates through update_scale_extended_ and through the
+/// reference with found_inf drawn at random (probability 0.4, from the CPU generator), and
+/// REQUIREs the same scale bits, tracker, allowance and counters after every step.
+void require_random_updates_match_reference(const UpdateOptions& o, int steps, c10::Device device);
 
 }  // namespace amp_test

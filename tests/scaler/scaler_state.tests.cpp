@@ -12,15 +12,9 @@
 
 #include <amp/grad_scaler.h>
 
-#include "scaler_helpers.h"
+#include "support/scaler_helpers.h"
 
-using amp::GradScaler;
-using amp::GradScalerOptions;
-using amp_test::cpu_scaler;
-using amp_test::make_param;
 using amp_test::make_state_dict;
-using amp_test::set_grad;
-using Catch::Contains;
 
 namespace {
 
@@ -516,12 +510,7 @@ TEST_CASE("A state dict file saved by Python's torch.save loads in C++",
   CHECK(scaler.get_backoff_factor() == 0.125);
   CHECK(scaler.get_growth_interval() == 3);
   // The next clean step completes the interval: 64 * 4.
-  auto param = make_param(1);
-  torch::optim::SGD optimizer({param}, 0.0);
-  scaler.scale(torch::ones({}));
-  set_grad(param, torch::ones({1}));
-  scaler.step(optimizer);
-  scaler.update();
+  amp_test::clean_iteration(scaler);
   CHECK(scaler.get_scale() == 256.0);
   std::filesystem::remove(path);
 }

@@ -10,7 +10,7 @@
 
 #include <amp/autocast.h>
 
-#include "autocast_test_support.h"
+#include "support/autocast_helpers.h"
 #include "support/devices.h"
 #include "support/warnings.h"
 

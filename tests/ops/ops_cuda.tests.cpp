@@ -641,21 +641,7 @@ TEST_CASE("The CUDA extended update matches the tensor-op reference of the rule"
   o.consecutive_hysteresis = GENERATE(false, true);
   o.min_scale = GENERATE(0.0, 3.0);
   o.max_scale = GENERATE(std::numeric_limits<double>::infinity(), 300.0);
-  auto s1 = torch::full({}, 64.0f, on(torch::kFloat)), s2 = s1.clone();
-  auto t1 = torch::zeros({}, on(torch::kInt)), t2 = t1.clone();
-  auto h1 = torch::full({}, static_cast<int>(o.hysteresis), on(torch::kInt)), h2 = h1.clone();
-  auto c1 = torch::zeros({3}, on(torch::kLong)), c2 = c1.clone();
-  for (int step = 0; step < 40; ++step) {
-    const auto found =
-        torch::full({}, torch::rand({1}).item<float>() < 0.4f ? 1.0f : 0.0f, on(torch::kFloat));
-    amp_test::update_scale_extended_(s1, t1, h1, c1, found, o);
-    amp_test::reference_update_scale_extended_(s2, t2, h2, c2, found, o);
-    INFO("step " << step);
-    REQUIRE(same_bits(s1, s2));
-    REQUIRE(torch::equal(t1, t2));
-    REQUIRE(torch::equal(h1, h2));
-    REQUIRE(torch::equal(c1, c2));
-  }
+  amp_test::require_random_updates_match_reference(o, 40, kCuda);
 }
 
 TEST_CASE("The CUDA norm is bit-identical run to run and rounds the exact norm", "[ops][cuda]") {

@@ -4,14 +4,7 @@
 
 #include <amp/grad_scaler.h>
 
-#include "scaler_helpers.h"
-
-using amp::GradScaler;
-using amp::GradScalerOptions;
-using amp_test::cpu_scaler;
-using amp_test::make_param;
-using amp_test::set_grad;
-using Catch::Contains;
+#include "support/scaler_helpers.h"
 
 namespace {
 

@@ -11,7 +11,7 @@
 
 #include <amp/autocast.h>
 
-#include "autocast_test_support.h"
+#include "support/autocast_helpers.h"
 
 namespace {
 

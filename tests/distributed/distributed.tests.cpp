@@ -21,7 +21,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "examples/temp_dir.h"
+#include "support/temp_dir.h"
 #include "support/rank_processes.h"
 
 namespace {

@@ -17,7 +17,7 @@
 #include <amp/autocast.h>
 #include <amp/custom_function.h>
 
-#include "autocast_test_support.h"
+#include "support/autocast_helpers.h"
 
 namespace {
 
@@ -37,11 +37,14 @@ struct Observed {
 };
 Observed observed;
 
-void observe_forward(const torch::Tensor& a, const torch::Tensor& b) {
+// The forward of both matmul functions below: records what it sees, saves a and b, multiplies.
+torch::Tensor matmul_forward(AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b) {
   observed.forward_autocast = at::autocast::is_autocast_enabled(torch::kCPU);
   observed.forward_a = a.scalar_type();
   observed.forward_b = b.scalar_type();
   observed.forward_mm = a.mm(b).scalar_type();
+  ctx->save_for_backward({a, b});
+  return a.mm(b);
 }
 
 variable_list matmul_backward(AutogradContext* ctx, const variable_list& grads) {
@@ -60,11 +63,7 @@ struct AutocastMatmul : torch::autograd::Function<AutocastMatmul> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor a, torch::Tensor b) {
     return amp::custom_fwd(
         ctx, torch::kCPU,
-        [&](const torch::Tensor& a, const torch::Tensor& b) {
-          observe_forward(a, b);
-          ctx->save_for_backward({a, b});
-          return a.mm(b);
-        },
+        [&](const torch::Tensor& a, const torch::Tensor& b) { return matmul_forward(ctx, a, b); },
         a, b);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -77,11 +76,7 @@ struct Fp32Matmul : torch::autograd::Function<Fp32Matmul> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor a, torch::Tensor b) {
     return amp::custom_fwd(
         ctx, torch::kCPU, torch::kFloat,
-        [&](const torch::Tensor& a, const torch::Tensor& b) {
-          observe_forward(a, b);
-          ctx->save_for_backward({a, b});
-          return a.mm(b);
-        },
+        [&](const torch::Tensor& a, const torch::Tensor& b) { return matmul_forward(ctx, a, b); },
         a, b);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

@@ -8,7 +8,7 @@
 
 #include <amp/grad_scaler.h>
 
-#include "scaler_helpers.h"
+#include "support/scaler_helpers.h"
 
 namespace {
 
