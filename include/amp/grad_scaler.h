@@ -271,8 +271,10 @@ class AMP_EXPORT GradScaler {
   /// reads the flag after the step to decide whether to throw.
   ///
   /// Throws when step() was already called for this optimizer before update(), before any
-  /// scale(), when the optimizer has no gradients ("No inf checks were recorded ..."), and with
-  /// MinScalePolicy::kThrow when gradients overflow at min_scale.
+  /// scale(), when the optimizer has no gradients ("No inf checks were recorded ..."; as in
+  /// Python, an optimizer that supports scaling then steps over nothing instead, and update()
+  /// refuses unless another optimizer recorded a check), and with MinScalePolicy::kThrow when
+  /// gradients overflow at min_scale.
   StepResult step(torch::optim::Optimizer& optimizer,
                   torch::optim::Optimizer::LossClosure closure = nullptr);
 
@@ -280,8 +282,8 @@ class AMP_EXPORT GradScaler {
   /// (on the device, no sync) and resets the per-optimizer state for the next iteration.
   void update();
   /// Sets the scale to `new_scale` (the growth tracker is unchanged) and resets the per-optimizer
-  /// state. Throws, changing nothing, unless `new_scale` is finite, > 0 and storable as a normal
-  /// float32 value (the scale tensor's dtype).
+  /// state. Throws, changing nothing, unless `new_scale` is finite, > 0, storable as a normal
+  /// float32 value (the scale tensor's dtype) and, as float32, within [min_scale, max_scale].
   void update(double new_scale);
   /// Copies the scale from a 1-element floating-point tensor on the scaler's device type that
   /// does not require grad (else Python's message). Its value is read to be checked as
@@ -310,6 +312,10 @@ class AMP_EXPORT GradScaler {
   /// Growth interval used by update(); the same as options().growth_interval().
   int64_t get_growth_interval() const { return options_.growth_interval(); }
   /// Sets the growth interval used by the next update() calls (and options().growth_interval()).
+  /// As in torch.amp, growth happens when the tracker reaches the interval exactly, so an
+  /// interval at or below the current tracker stops growth until an overflow resets the tracker;
+  /// then it warns (reading the tracker: one sync). The tracker saturates at 2^31-1, so an
+  /// interval of 2^31 or more never grows.
   /// Errors: c10::Error when `new_interval` is < 1 (the constructor's check).
   void set_growth_interval(int64_t new_interval);
 
@@ -387,6 +393,8 @@ class AMP_EXPORT GradScaler {
   void check_initialized(const char* funcname) const;
   // unscale_'s and unscale_and_clip_'s stage checks; returns the optimizer's state to record in.
   OptimizerState& begin_unscale(const torch::optim::Optimizer& optimizer);
+  // update(new_scale)'s check against min_scale/max_scale.
+  void check_new_scale_in_bounds(double new_scale) const;
   // 1 / scale, formed in double and rounded once to float32, as Python does.
   at::Tensor inv_scale() const;
   // The defined gradients of `optimizer` grouped by device; sparse ones are refused when

@@ -2,6 +2,7 @@
 // CompositeExplicitAutograd, so the dispatcher uses them wherever no backend kernel is
 // registered, and they run ATen's own _amp_* kernels for that device, as Python's GradScaler does.
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -49,6 +50,9 @@ void update_scale_aten(const UpdateState& state, const UpdateRule& rule) {
   // The floor amp's kernels apply (update_rule.h): a growth never lowers the scale, so clamping
   // afterwards only touches a back-off that went below it.
   scale.clamp_min_(kSmallestScale);
+  // And their saturating tracker: ATen's int32 increment wraps 2^31-1 to -2^31 (without growing),
+  // a value reached only that way, which amp's kernels keep at 2^31-1.
+  tracker.masked_fill_(tracker == std::numeric_limits<int32_t>::min(), kLargestTracker);
 }
 
 // grad * inv_scale in the op's compute type (float32, or float64 for float64 grads), squared

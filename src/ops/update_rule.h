@@ -25,6 +25,14 @@ struct UpdateRule {
 /// The smallest scale an update backs off to: float32's smallest normal value, 2^-126.
 constexpr float kSmallestScale = 1.17549435082228750797e-38f;
 
+/// The largest growth tracker (int32) and counter (int64); both saturate there.
+constexpr int32_t kLargestTracker = 2147483647;
+constexpr int64_t kLargestCount = 9223372036854775807LL;
+
+inline AMP_HOST_DEVICE int64_t saturating_increment(int64_t count) {
+  return count == kLargestCount ? count : count + 1;
+}
+
 /// NaN-propagating max/min with a float bound, as ATen's clamp_min/clamp_max on float tensors.
 inline AMP_HOST_DEVICE float clamp_below(float value, float bound) {
   return std::isnan(value) ? value : (value < bound ? bound : value);
@@ -38,9 +46,10 @@ inline AMP_HOST_DEVICE float clamp_above(float value, float bound) {
 /// With hysteresis 1 and no bounds this is torch.amp's rule (ATen's _amp_update_scale_), except
 /// that a back-off stops at kSmallestScale where ATen's goes on to denormals and 0: back off
 /// on an overflow, else count a clean step and grow, only to a finite value, every
-/// growth_interval clean steps. `remaining` (the hysteresis allowance) may be null when
-/// rule.hysteresis is 1; `counters` may be null, else [steps taken, steps skipped, consecutive
-/// skips], advanced here so that the counting rule lives in one place.
+/// growth_interval clean steps; and that the tracker and counters saturate instead of wrapping.
+/// `remaining` (the hysteresis allowance) may be null when rule.hysteresis is 1; `counters` may
+/// be null, else [steps taken, steps skipped, consecutive skips], advanced here so that the
+/// counting rule lives in one place.
 inline AMP_HOST_DEVICE void apply_update_rule(float* scale, int32_t* tracker, int32_t* remaining,
                                               int64_t* counters, float found_inf,
                                               const UpdateRule& rule) {
@@ -50,8 +59,12 @@ inline AMP_HOST_DEVICE void apply_update_rule(float* scale, int32_t* tracker, in
   if (left < 0) left = 0;
   // Only an exhausted allowance backs off; an overflow within it just spends one unit.
   const bool back_off = found && left <= 0;
-  const int32_t successful = *tracker + 1;
-  const bool grow = !found && successful == rule.growth_interval;
+  // The tracker saturates at int32's maximum instead of wrapping to -2^31 as ATen's does: a
+  // wrapped tracker would be saved into a checkpoint that no loader accepts. At the maximum no
+  // growth happens, as with ATen's wrapped value, so the rule differs only in the value kept.
+  const bool saturated = *tracker == kLargestTracker;
+  const int32_t successful = saturated ? *tracker : *tracker + 1;
+  const bool grow = !found && !saturated && successful == rule.growth_interval;
 
   float next = *scale;
   if (back_off) {
@@ -77,10 +90,14 @@ inline AMP_HOST_DEVICE void apply_update_rule(float* scale, int32_t* tracker, in
     *remaining = refill ? rule.hysteresis : left;
   }
   if (counters != nullptr) {
-    const int64_t skipped = found ? 1 : 0;
-    counters[0] += 1 - skipped;
-    counters[1] += skipped;
-    counters[2] = (counters[2] + 1) * skipped;
+    // Saturating, as the tracker: a counter loaded at 2^63-1 stays there instead of wrapping.
+    if (found) {
+      counters[1] = saturating_increment(counters[1]);
+      counters[2] = saturating_increment(counters[2]);
+    } else {
+      counters[0] = saturating_increment(counters[0]);
+      counters[2] = 0;
+    }
   }
 }
 

@@ -38,6 +38,16 @@ class PerDeviceCopies {
   std::vector<std::pair<c10::Device, at::Tensor>> copies_;
 };
 
+// Whether any parameter of `optimizer` has a gradient.
+bool has_gradients(const torch::optim::Optimizer& optimizer) {
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& param : group.params()) {
+      if (param.grad().defined()) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 namespace detail {
@@ -370,11 +380,19 @@ StepResult GradScaler::step_on_device(torch::optim::Optimizer& optimizer, Optimi
   // hand over the scale (none when already unscaled) and the flag, call step() regardless.
   const bool unscaled = state.stage == OptimizerStage::kUnscaled;
   if (!unscaled) check_inf_per_device(optimizer);
-  TORCH_CHECK(!state.found_inf_per_device.empty(),
-              "No inf checks were recorded for this optimizer.");
   StepResult result;
   result.outcome = StepOutcome::kDecidedOnDevice;
-  result.found_inf = combined_found_inf(state);
+  if (state.found_inf_per_device.empty()) {
+    // Gradients that no check saw (unscale_ ran before they existed) would be stepped on scaled;
+    // Python fails there too (inside its fused optimizer).
+    TORCH_CHECK(!has_gradients(optimizer),
+                "No inf checks were recorded for this optimizer. unscale_() ran before its "
+                "gradients existed; call it after backward().");
+  }
+  // Without any gradient Python's flag is the sum of no flags, 0, and the optimizer steps over
+  // nothing; nothing is recorded, so update() refuses unless another optimizer recorded a check.
+  result.found_inf = state.found_inf_per_device.empty() ? at::zeros({}, scale_.options())
+                                                        : combined_found_inf(state);
   const at::Tensor& preset = scaling.grad_scale();
   at::Tensor grad_scale;
   if (!unscaled)
@@ -439,6 +457,7 @@ void GradScaler::update(double new_scale) {
   check_initialized("update");
   detail::check_scale_value(new_scale, "GradScaler::update: new_scale", "new_scale",
                             "pass a positive scale such as 65536.0.");
+  check_new_scale_in_bounds(new_scale);
   scale_.fill_(new_scale);
   per_optimizer_states_.clear();
 }
@@ -461,11 +480,20 @@ void GradScaler::update(const at::Tensor& new_scale) {
   // update(double) refuses it. Reading the value is one host sync for a device tensor.
   TORCH_CHECK(at::isFloatingType(new_scale.scalar_type()), kReason, " Got a tensor of dtype ",
               new_scale.scalar_type(), "; pass a floating-point tensor.");
-  detail::check_scale_value(new_scale.item<double>(), "GradScaler::update: new_scale", "new_scale",
+  const double value = new_scale.item<double>();
+  detail::check_scale_value(value, "GradScaler::update: new_scale", "new_scale",
                             "pass a positive scale such as 65536.0.");
+  check_new_scale_in_bounds(value);
   // reshape: Python accepts any 1-element shape here and then fails in copy_ for shape [1].
   scale_.copy_(new_scale.reshape({}));
   per_optimizer_states_.clear();
+}
+
+void GradScaler::check_new_scale_in_bounds(double new_scale) const {
+  // A scale outside the bounds would be saved into a state dict that load_state_dict refuses.
+  detail::check_scale_in_bounds(new_scale, options_.min_scale(), options_.max_scale(),
+                                "GradScaler::update: new_scale", "new_scale",
+                                "pass a scale within the scaler's bounds.");
 }
 
 double GradScaler::get_scale() const {
@@ -496,6 +524,20 @@ void GradScaler::set_growth_interval(int64_t new_interval) {
   const detail::ConcurrentUseDetector::Scope in_use(use_, "set_growth_interval");
   detail::check_growth_interval(new_interval);
   options_.growth_interval(new_interval);
+  if (!options_.enabled()) return;
+  // torch.amp's rule grows when tracker + 1 equals the interval, so a tracker already at or past
+  // a lowered interval stops growth until an overflow resets it. amp keeps the rule (the same
+  // trajectory as Python) and says so; reading the tracker is one sync, in a setter, not a step.
+  const int64_t tracker =
+      growth_tracker_.defined() ? growth_tracker_.item<int64_t>() : init_growth_tracker_;
+  if (tracker >= new_interval) {
+    TORCH_WARN("GradScaler::set_growth_interval: the growth tracker is ", tracker,
+               ", at or above the new growth_interval=", new_interval,
+               ", so the scale will not grow again until an overflow resets the tracker (torch.amp's "
+               "rule, kept for parity). To grow after ", new_interval,
+               " clean steps from now, lower the interval right after an update() that backed off "
+               "or grew, or load a state dict whose '_growth_tracker' is 0.");
+  }
 }
 
 GradScalerCounters GradScaler::counters() const {

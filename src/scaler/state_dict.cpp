@@ -225,6 +225,9 @@ void GradScaler::load_state_dict(const c10::Dict<std::string, c10::IValue>& stat
   options.growth_interval(growth_interval);
   options_ = options;
   init_growth_tracker_ = tracker;
+  // With hysteresis 1 no allowance is carried (every overflow backs off): it reads 1, whatever
+  // in [0, 1] the dict held, so the state read back is the one in effect.
+  if (options.hysteresis() == 1) remaining = 1;
   init_hysteresis_remaining_ = remaining;
   if (counters) init_counters_ = *counters;
   if (scale_.defined()) {

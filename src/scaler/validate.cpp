@@ -90,7 +90,11 @@ void check_extension_options(int64_t hysteresis, double min_scale, double max_sc
 
 void check_scale_in_bounds(double scale, double min_scale, double max_scale, const char* what,
                            const char* name, const char* fix) {
-  TORCH_CHECK(scale >= min_scale && scale <= max_scale, what, " must lie in [min_scale, ",
+  // Compared as float32, as the scale is kept and as the update clamps it: with a bound float32
+  // cannot hold (min_scale=0.7), the scale at the floor is float32(0.7) < 0.7, which must load.
+  const auto stored = static_cast<float>(scale);
+  TORCH_CHECK(stored >= static_cast<float>(min_scale) && stored <= static_cast<float>(max_scale),
+              what, " must lie in [min_scale, ",
               "max_scale]. Got ", name, "=", scale, " with min_scale=", min_scale,
               " and max_scale=", max_scale, "; ", fix);
 }

@@ -245,6 +245,18 @@ TEST_CASE("The scale update matches ATen's over random trajectories", "[ops]") {
   }
 }
 
+TEST_CASE("The CPU update saturates the tracker at 2^31-1 where ATen's wraps", "[ops]") {
+  amp_test::require_tracker_saturates(
+      [](at::Tensor& scale, at::Tensor& tracker, const at::Tensor& found, int64_t interval) {
+        amp::update_scale_(scale, tracker, found, 2.0, 0.5, interval);
+      },
+      torch::kCPU);
+}
+
+TEST_CASE("The CPU update's counters saturate at 2^63-1 instead of wrapping", "[ops]") {
+  amp_test::require_counters_saturate(torch::kCPU);
+}
+
 TEST_CASE("The extended update matches a tensor-op reference of the rule", "[ops]") {
   torch::manual_seed(5);
   amp_test::UpdateOptions o;

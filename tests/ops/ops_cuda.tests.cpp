@@ -597,6 +597,16 @@ TEST_CASE("The CUDA scale update matches ATen's at the float32 edges", "[ops][cu
   }
 }
 
+TEST_CASE("The CUDA update saturates the tracker and counters as the CPU kernel does",
+          "[ops][cuda]") {
+  amp_test::require_tracker_saturates(
+      [](at::Tensor& scale, at::Tensor& tracker, const at::Tensor& found, int64_t interval) {
+        amp::update_scale_(scale, tracker, found, 2.0, 0.5, interval);
+      },
+      kCuda);
+  amp_test::require_counters_saturate(kCuda);
+}
+
 TEST_CASE("The CUDA scale update with extensions matches amp's CPU kernel", "[ops][cuda]") {
   torch::manual_seed(10);
   amp::ScaleUpdateExtensions ext;

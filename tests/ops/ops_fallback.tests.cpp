@@ -14,6 +14,8 @@
 
 #include <amp/ops.h>
 
+#include "support/reference_scale_update.h"
+
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -119,6 +121,20 @@ TEST_CASE("The update fallback is ATen's _amp_update_scale_ and refuses the exte
   CHECK_THROWS_WITH(op.redispatch(kOtherDevice, s1, t1, scalar(0.f), 2.0, 0.5, 2, std::nullopt,
                                   std::nullopt, 1, false, 1.0, std::nullopt),
                     Catch::Contains("use GradScalerOptions without those extensions"));
+}
+
+TEST_CASE("The update fallback saturates the tracker at 2^31-1 as amp's kernels do", "[ops]") {
+  amp_test::require_tracker_saturates(
+      [](at::Tensor& scale, at::Tensor& tracker, const at::Tensor& found, int64_t interval) {
+        using Sig = void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double,
+                         int64_t, const std::optional<at::Tensor>&,
+                         const std::optional<at::Tensor>&, int64_t, bool, double,
+                         std::optional<double>);
+        amp_op<Sig>("amp::update_scale_")
+            .redispatch(kOtherDevice, scale, tracker, found, 2.0, 0.5, interval, std::nullopt,
+                        std::nullopt, 1, false, 0.0, std::nullopt);
+      },
+      torch::kCPU);
 }
 
 TEST_CASE("The norm and clip fallbacks match amp's CPU kernels", "[ops]") {

@@ -215,10 +215,33 @@ TEST_CASE("What GradScaler hands an optimizer that supports scaling, and when", 
   CHECK(opt.seen_scale.item<float>() == static_cast<float>(scaler.get_scale() * 3.0));
   scaler.update();
 
-  // Errors as on the non-fused path.
+  // Without gradients, as in Python's fused branch: the optimizer steps over nothing with a zero
+  // flag, nothing is recorded, and update() then refuses (the non-fused path refuses in step()).
   opt.zero_grad();
   scaler.scale((p * 2).sum());
-  CHECK_THROWS_WITH(scaler.step(opt), Contains("No inf checks were recorded for this optimizer."));
+  const int steps_before = opt.steps;
+  const auto empty_step = scaler.step(opt);
+  CHECK(opt.steps == steps_before + 1);
+  CHECK(empty_step.found_inf.item<float>() == 0.0f);
+  CHECK(scaler.stage(opt) == amp::OptimizerStage::kStepped);
+  CHECK(scaler.found_inf_per_device(opt).empty());
+  CHECK_THROWS_WITH(scaler.update(), Contains("No inf checks were recorded prior to update."));
+  CHECK_THROWS_WITH(scaler.step(opt), Contains("step() has already been called"));
+
+  // unscale_ before the gradients existed: the step would apply gradients no check saw, still
+  // scaled (Python fails inside its fused optimizer); refused, the optimizer not called.
+  scaler.update(64.0);
+  opt.zero_grad();
+  scaler.scale((p * 2).sum());
+  scaler.unscale_(opt);
+  scaler.scale((p * 2).sum()).backward();
+  const int steps_then = opt.steps;
+  CHECK_THROWS_WITH(scaler.step(opt), Contains("unscale_() ran before its gradients existed"));
+  CHECK(opt.steps == steps_then);
+
+  // Errors as on the non-fused path.
+  scaler.update(64.0);
+  opt.zero_grad();
   scaler.scale((p * 2).sum()).backward();
   CHECK_THROWS_WITH(scaler.step(opt, [] { return torch::Tensor(); }),
                     Contains("Closure use is not currently supported"));

@@ -88,6 +88,49 @@ TEST_CASE("min_scale and max_scale bound the scale", "[scaler]") {
   CHECK(high.scaler.get_scale() == 6.0);
 }
 
+TEST_CASE("Bounds float32 cannot hold are applied as float32, and every state reached reloads",
+          "[scaler]") {
+  // 0.7 rounds down to float32 0.69999999, 1e5 + 0.2 up to 100000.203125: a scale at either
+  // bound lies outside it in double, so the bounds are compared as the float32 scale is kept.
+  const auto options = GradScalerOptions().init_scale(0.7).min_scale(0.7).max_scale(1e5 + 0.2);
+  Loop loop(options);
+  CHECK(loop.scaler.get_scale() == static_cast<double>(0.7f));
+  loop.iterate(true);  // backs off to the floor: float32(0.7)
+  CHECK(loop.scaler.get_scale() == static_cast<double>(0.7f));
+  auto twin = cpu_scaler(options);
+  REQUIRE_NOTHROW(twin.load_state_dict(loop.scaler.state_dict()));
+  loop.scaler.update(1e5 + 0.2);  // stored as 100000.203125 > 1e5 + 0.2, still the bound
+  CHECK(loop.scaler.get_scale() == static_cast<double>(static_cast<float>(1e5 + 0.2)));
+  REQUIRE_NOTHROW(twin.load_state_dict(loop.scaler.state_dict()));
+}
+
+TEST_CASE("update(new_scale) outside [min_scale, max_scale] is refused and changes nothing",
+          "[scaler]") {
+  // Accepting it would save a state that load_state_dict refuses.
+  Loop loop(GradScalerOptions().init_scale(4.0).min_scale(2.0).max_scale(64.0));
+  loop.scaler.scale(torch::ones({}));
+  CHECK_THROWS_WITH(loop.scaler.update(1.0),
+                    Contains("GradScaler::update: new_scale must lie in [min_scale, max_scale]. "
+                             "Got new_scale=1 with min_scale=2 and max_scale=64"));
+  CHECK_THROWS_WITH(loop.scaler.update(torch::full({}, 128.0f)),
+                    Contains("new_scale must lie in [min_scale, max_scale]"));
+  CHECK(loop.scaler.get_scale() == 4.0);
+  loop.scaler.update(64.0);
+  CHECK(loop.scaler.get_scale() == 64.0);
+}
+
+TEST_CASE("With hysteresis 1 the allowance reads 1, also after loading 0", "[scaler]") {
+  // Every overflow backs off, so there is no allowance to carry; 0 and 1 behave the same.
+  Loop loop(GradScalerOptions().init_scale(64.0).max_scale(1024.0));
+  auto dict = loop.scaler.state_dict();
+  dict.insert_or_assign("_amp_hysteresis_remaining", int64_t{0});
+  loop.scaler.load_state_dict(dict);
+  CHECK(loop.scaler.hysteresis_remaining() == 1);
+  loop.iterate(true);
+  CHECK(loop.scaler.hysteresis_remaining() == 1);
+  CHECK(loop.scaler.get_scale() == 32.0);
+}
+
 TEST_CASE("The throw policy stops at min_scale with advice, the skip policy keeps skipping",
           "[scaler]") {
   Loop strict(

@@ -13,6 +13,7 @@
 #include <amp/grad_scaler.h>
 
 #include "support/scaler_helpers.h"
+#include "support/warnings.h"
 
 using amp_test::make_state_dict;
 
@@ -542,4 +543,82 @@ TEST_CASE("After loading any valid state, a scaler saves a state it loads again"
       }
     }
   }
+}
+
+TEST_CASE("A tracker at 2^31-1 stays there on a clean step, and the state saved then reloads",
+          "[scaler][state]") {
+  // Python's int32 increment wraps to -2^31 here, a value no loader accepts; amp saturates.
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  auto dict = python_style_dict();
+  dict.insert_or_assign("growth_interval", int64_t{2000});
+  dict.insert_or_assign("_growth_tracker", kMax - 1);
+  auto scaler = cpu_scaler();
+  scaler.load_state_dict(dict);
+  for (int64_t expected : {kMax, kMax, kMax}) {
+    amp_test::clean_iteration(scaler);
+    CHECK(scaler.get_growth_tracker() == expected);
+    CHECK(scaler.get_scale() == 128.0);  // no growth at the saturated tracker either
+  }
+  const auto path = temp_path("saturated_tracker.pt");
+  scaler.save_state_dict(path.string());
+  auto reloaded = cpu_scaler();
+  REQUIRE_NOTHROW(reloaded.load_state_dict(path.string()));
+  std::filesystem::remove(path);
+  CHECK(reloaded.get_growth_tracker() == kMax);
+  CHECK(reloaded.state_dict() == scaler.state_dict());
+}
+
+TEST_CASE("Counters loaded at 2^63-1 stay there, and the state saved then reloads",
+          "[scaler][state]") {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const auto options = GradScalerOptions().init_scale(128.0).track_counters(true);
+  auto dict = python_style_dict();
+  dict.insert("_amp_steps_taken", kMax);
+  dict.insert("_amp_steps_skipped", kMax);
+  dict.insert("_amp_consecutive_skips", int64_t{0});
+  auto scaler = cpu_scaler(options);
+  scaler.load_state_dict(dict);
+  amp_test::clean_iteration(scaler);
+  const auto counters = scaler.counters();
+  CHECK(counters.steps_taken == kMax);
+  CHECK(counters.steps_skipped == kMax);
+  CHECK(counters.consecutive_skips == 0);
+  auto twin = cpu_scaler(options);
+  REQUIRE_NOTHROW(twin.load_state_dict(scaler.state_dict()));
+  CHECK(twin.state_dict() == scaler.state_dict());
+}
+
+TEST_CASE("set_growth_interval below the tracker warns; growth then waits for an overflow",
+          "[scaler][state]") {
+  // torch.amp's rule grows only when tracker + 1 equals the interval, so a tracker already past
+  // a lowered interval stops growth until an overflow resets it; amp keeps the rule and says so.
+  auto scaler = cpu_scaler(GradScalerOptions().init_scale(128.0).growth_interval(100));
+  for (int i = 0; i < 5; ++i) amp_test::clean_iteration(scaler);
+  REQUIRE(scaler.get_growth_tracker() == 5);
+  amp_test::WarningCollector warnings;
+  {
+    c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+    scaler.set_growth_interval(5);
+    scaler.set_growth_interval(3);
+    scaler.set_growth_interval(6);  // above the tracker: no warning
+  }
+  REQUIRE(warnings.messages.size() == 2);
+  CHECK_THAT(warnings.messages[1],
+             Contains("the growth tracker is 5, at or above the new growth_interval=3"));
+  CHECK_THAT(warnings.messages[1], Contains("will not grow again until an overflow"));
+  scaler.set_growth_interval(3);
+  for (int i = 0; i < 4; ++i) amp_test::clean_iteration(scaler);
+  CHECK(scaler.get_scale() == 128.0);
+  CHECK(scaler.get_growth_tracker() == 9);
+  // An overflow resets the tracker; growth then resumes every 3 clean steps.
+  auto param = make_param(1);
+  torch::optim::SGD optimizer({param}, 0.0);
+  scaler.scale(torch::ones({}));
+  set_grad(param, torch::full({1}, std::numeric_limits<float>::infinity()));
+  scaler.step(optimizer);
+  scaler.update();
+  CHECK(scaler.get_scale() == 64.0);
+  for (int i = 0; i < 3; ++i) amp_test::clean_iteration(scaler);
+  CHECK(scaler.get_scale() == 128.0);
+  CHECK(scaler.get_growth_tracker() == 0);
 }

@@ -80,4 +80,66 @@ void require_random_updates_match_reference(const UpdateOptions& o, int steps, c
   }
 }
 
+namespace {
+
+struct SaturationStep {
+  const char* what;
+  int32_t tracker;        // before the update
+  float found;            // the flag
+  int64_t interval;       // growth_interval
+  int32_t expected;       // amp's tracker after it
+  bool aten_wraps;        // whether ATen's tracker differs (wrapped to -2^31)
+};
+
+}  // namespace
+
+void require_tracker_saturates(PlainUpdate update, c10::Device device) {
+  constexpr int32_t kMax = std::numeric_limits<int32_t>::max();
+  constexpr int64_t kNeverGrows = int64_t{1} << 40;
+  const SaturationStep steps[] = {
+      {"a clean step reaches 2^31-1 as in ATen", kMax - 1, 0.0f, kNeverGrows, kMax, false},
+      {"a clean step at 2^31-1 keeps it (ATen wraps)", kMax, 0.0f, kNeverGrows, kMax, true},
+      {"an overflow at 2^31-1 resets it and backs off", kMax, 1.0f, kNeverGrows, 0, false},
+      {"an interval of 2^31-1 is reached and grows", kMax - 1, 0.0f, kMax, 0, false},
+      {"a tracker at 2^31-1 above the interval does not grow", kMax, 0.0f, 3, kMax, true},
+      {"a tracker above the interval stalls growth", 7, 0.0f, 3, 8, false},
+      {"a tracker equal to the interval stalls growth", 3, 0.0f, 3, 4, false},
+  };
+  for (const SaturationStep& step : steps) {
+    INFO(step.what);
+    const auto on = at::TensorOptions().device(device);
+    at::Tensor scale = at::full({}, 1024.0f, on.dtype(at::kFloat));
+    at::Tensor tracker = at::full({}, step.tracker, on.dtype(at::kInt));
+    update(scale, tracker, at::full({}, step.found, on.dtype(at::kFloat)), step.interval);
+    at::Tensor aten_scale = at::full({}, 1024.0f), aten_tracker = at::full({}, step.tracker, at::kInt);
+    at::_amp_update_scale_(aten_scale, aten_tracker, at::full({}, step.found), 2.0, 0.5,
+                           step.interval);
+    CHECK(same_bits(scale.cpu(), aten_scale));
+    CHECK(tracker.item<int64_t>() == step.expected);
+    const int64_t aten_value = aten_tracker.item<int64_t>();
+    CHECK(aten_value == (step.aten_wraps ? std::numeric_limits<int32_t>::min() : step.expected));
+  }
+}
+
+void require_counters_saturate(c10::Device device) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const auto on = at::TensorOptions().device(device);
+  UpdateOptions o;
+  o.growth_interval = 1000;
+  for (const float found : {0.0f, 1.0f}) {
+    INFO((found != 0.0f ? "an overflow" : "a clean step") << " at the counters' maximum");
+    at::Tensor scale = at::full({}, 1024.0f, on.dtype(at::kFloat));
+    at::Tensor tracker = at::zeros({}, on.dtype(at::kInt));
+    at::Tensor counters =
+        at::tensor({kMax, kMax, found != 0.0f ? kMax : int64_t{5}}, at::kLong).to(device);
+    at::Tensor allowance = at::ones({}, on.dtype(at::kInt));
+    update_scale_extended_(scale, tracker, allowance, counters,
+                           at::full({}, found, on.dtype(at::kFloat)), o);
+    const at::Tensor host = counters.cpu();
+    CHECK(host[0].item<int64_t>() == kMax);
+    CHECK(host[1].item<int64_t>() == kMax);
+    CHECK(host[2].item<int64_t>() == (found != 0.0f ? kMax : 0));
+  }
+}
+
 }  // namespace amp_test

@@ -46,4 +46,19 @@ inline void update_scale_extended_(at::Tensor& scale, at::Tensor& growth_tracker
 /// REQUIREs the same scale bits, tracker, allowance and counters after every step.
 void require_random_updates_match_reference(const UpdateOptions& o, int steps, c10::Device device);
 
+/// One plain update (no extensions) of 0-dim `scale`/`tracker` by the backend under test.
+using PlainUpdate = void (*)(at::Tensor& scale, at::Tensor& tracker, const at::Tensor& found_inf,
+                             int64_t growth_interval);
+
+/// Checks `update` on `device` against ATen's _amp_update_scale_ (on the CPU) at the top of the
+/// int32 tracker: equal up to 2^31-1; a clean step there keeps 2^31-1 (ATen wraps to -2^31) and
+/// the scale ATen computes (no growth); an overflow resets both; an interval of 2^31-1 still
+/// grows; a tracker above the interval stalls growth as in ATen.
+void require_tracker_saturates(PlainUpdate update, c10::Device device);
+
+/// Checks amp::update_scale_'s counters on `device` at 2^63-1: a clean step keeps steps_taken
+/// there and zeroes the consecutive skips; an overflow keeps steps_skipped and the consecutive
+/// skips there.
+void require_counters_saturate(c10::Device device);
+
 }  // namespace amp_test
