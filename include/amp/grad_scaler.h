@@ -393,8 +393,6 @@ class AMP_EXPORT GradScaler {
   void check_initialized(const char* funcname) const;
   // unscale_'s and unscale_and_clip_'s stage checks; returns the optimizer's state to record in.
   OptimizerState& begin_unscale(const torch::optim::Optimizer& optimizer);
-  // update(new_scale)'s check against min_scale/max_scale.
-  void check_new_scale_in_bounds(double new_scale) const;
   // 1 / scale, formed in double and rounded once to float32, as Python does.
   at::Tensor inv_scale() const;
   // The defined gradients of `optimizer` grouped by device; sparse ones are refused when

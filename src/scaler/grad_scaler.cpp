@@ -38,6 +38,16 @@ class PerDeviceCopies {
   std::vector<std::pair<c10::Device, at::Tensor>> copies_;
 };
 
+// update(new_scale)'s checks: a scale float32 holds as a normal value, within the bounds (outside
+// them it would be saved into a state dict that load_state_dict refuses).
+void check_new_scale(double new_scale, const GradScalerOptions& options) {
+  detail::check_scale_value(new_scale, "GradScaler::update: new_scale", "new_scale",
+                            "pass a positive scale such as 65536.0.");
+  detail::check_scale_in_bounds(new_scale, options.min_scale(), options.max_scale(),
+                                "GradScaler::update: new_scale", "new_scale",
+                                "pass a scale within the scaler's bounds.");
+}
+
 // Whether any parameter of `optimizer` has a gradient.
 bool has_gradients(const torch::optim::Optimizer& optimizer) {
   for (const auto& group : optimizer.param_groups()) {
@@ -388,11 +398,12 @@ StepResult GradScaler::step_on_device(torch::optim::Optimizer& optimizer, Optimi
     TORCH_CHECK(!has_gradients(optimizer),
                 "No inf checks were recorded for this optimizer. unscale_() ran before its "
                 "gradients existed; call it after backward().");
+    // Without any gradient Python's flag is the sum of no flags, 0, and the optimizer steps over
+    // nothing; nothing is recorded, so update() refuses unless another optimizer recorded one.
+    result.found_inf = at::zeros({}, scale_.options());
+  } else {
+    result.found_inf = combined_found_inf(state);
   }
-  // Without any gradient Python's flag is the sum of no flags, 0, and the optimizer steps over
-  // nothing; nothing is recorded, so update() refuses unless another optimizer recorded a check.
-  result.found_inf = state.found_inf_per_device.empty() ? at::zeros({}, scale_.options())
-                                                        : combined_found_inf(state);
   const at::Tensor& preset = scaling.grad_scale();
   at::Tensor grad_scale;
   if (!unscaled)
@@ -455,9 +466,7 @@ void GradScaler::update(double new_scale) {
   const detail::ConcurrentUseDetector::Scope in_use(use_, "update");
   if (!options_.enabled()) return;
   check_initialized("update");
-  detail::check_scale_value(new_scale, "GradScaler::update: new_scale", "new_scale",
-                            "pass a positive scale such as 65536.0.");
-  check_new_scale_in_bounds(new_scale);
+  check_new_scale(new_scale, options_);
   scale_.fill_(new_scale);
   per_optimizer_states_.clear();
 }
@@ -480,20 +489,10 @@ void GradScaler::update(const at::Tensor& new_scale) {
   // update(double) refuses it. Reading the value is one host sync for a device tensor.
   TORCH_CHECK(at::isFloatingType(new_scale.scalar_type()), kReason, " Got a tensor of dtype ",
               new_scale.scalar_type(), "; pass a floating-point tensor.");
-  const double value = new_scale.item<double>();
-  detail::check_scale_value(value, "GradScaler::update: new_scale", "new_scale",
-                            "pass a positive scale such as 65536.0.");
-  check_new_scale_in_bounds(value);
+  check_new_scale(new_scale.item<double>(), options_);
   // reshape: Python accepts any 1-element shape here and then fails in copy_ for shape [1].
   scale_.copy_(new_scale.reshape({}));
   per_optimizer_states_.clear();
-}
-
-void GradScaler::check_new_scale_in_bounds(double new_scale) const {
-  // A scale outside the bounds would be saved into a state dict that load_state_dict refuses.
-  detail::check_scale_in_bounds(new_scale, options_.min_scale(), options_.max_scale(),
-                                "GradScaler::update: new_scale", "new_scale",
-                                "pass a scale within the scaler's bounds.");
 }
 
 double GradScaler::get_scale() const {

@@ -286,10 +286,7 @@ class PyRun:
                                  self.ext["counters"], **self.ctor)
         return torch.amp.GradScaler("cpu", **self.ctor)
 
-    def state_dict(self):
-        return self.scaler.state_dict()
-
-    def call(self, op, w, workdir):
+    def call(self, op, w):
         s = self.scaler
         if op == "backward":
             mask, coef, loss, at = int(w["mask"]), [number(c) for c in w["coef"].split(",")], None, 0
@@ -388,7 +385,7 @@ class PyRun:
                          tensor_bits(state.get("max_exp_avg_sq"))])
 
 
-def deliberate_refusal(op, w, run, initialized, workdir):
+def deliberate_refusal(op, w, run, initialized):
     """Why amp refuses a call Python accepts (docs/PYTHON-PARITY.md), or None."""
     ext = run.scaler if run.extended else None
     if op == "set_growth_factor":
@@ -512,11 +509,11 @@ def run_sequence(runner, lines, workdir, stats=None):
             run = PyRun(w)
         else:
             initialized = getattr(run.scaler, "_scale", None) is not None
-            expected = deliberate_refusal(op, w, run, initialized, workdir)
+            expected = deliberate_refusal(op, w, run, initialized)
             py_error = None
             if expected is None:
                 try:
-                    run.call(op, w, workdir)
+                    run.call(op, w)
                 except Exception as exc:  # noqa: BLE001 - every Python error is compared
                     py_error = exc
             if stats is not None:
@@ -782,20 +779,20 @@ def main():
         if result is None:
             continue
         small, final = shrink(runner, lines, result, workdir)
-        signature = (final or result)[1] + "|" + small[-1].split()[0]
+        index, what, detail = final or result
+        signature = what + "|" + small[-1].split()[0]
         if signature in seen:
             continue
         seen.add(signature)
-        findings.append((small, final or result))
+        findings.append(small)
         print("\nFINDING %d (sequence %d, seed %d): %s at line %d\n  %s" %
-              (len(findings), sequences, args.seed, (final or result)[1],
-               (final or result)[0] + 1, (final or result)[2]))
+              (len(findings), sequences, args.seed, what, index + 1, detail))
         print("reproducer (%d lines; commit under tests/difffuzz/regressions/):" % len(small))
         print("\n".join(small))
         if args.findings:
             os.makedirs(args.findings, exist_ok=True)
             with open(os.path.join(args.findings, "finding-%d.seq" % len(findings)), "w") as f:
-                f.write("# %s: %s\n" % ((final or result)[1], (final or result)[2][:300]))
+                f.write("# %s: %s\n" % (what, detail[:300]))
                 f.write("\n".join(small) + "\n")
         if args.sequences:  # the short, fixed-seed run stops at the first finding
             break
