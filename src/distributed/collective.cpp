@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <sstream>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -13,10 +14,18 @@ namespace amp::distributed::detail {
 
 namespace {
 
+// Whether `group` has a backend for tensors of `type`. Through getDeviceTypes(), which LibTorch
+// 2.11 has too (hasBackendForDeviceType came later); both read the map setBackend fills.
+bool serves(const c10d::ProcessGroup& group, c10::DeviceType type) {
+  const std::vector<c10::Device> devices = group.getDeviceTypes();
+  return std::any_of(devices.begin(), devices.end(),
+                     [type](const c10::Device& device) { return device.type() == type; });
+}
+
 std::string device_types_served(c10d::ProcessGroup& group) {
   std::string served;
   for (const auto type : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
-    if (!group.hasBackendForDeviceType(type)) continue;
+    if (!serves(group, type)) continue;
     if (!served.empty()) served += ", ";
     served += c10::DeviceTypeName(type, /*lower_case=*/true);
   }
@@ -52,7 +61,7 @@ void check_group_serves(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                         c10::DeviceType device_type, const std::string& who,
                         const std::string& what) {
   check_group(group, who);
-  TORCH_CHECK(group->hasBackendForDeviceType(device_type), who, ": ", what, " are ",
+  TORCH_CHECK(serves(*group, device_type), who, ": ", what, " are ",
               c10::DeviceTypeName(device_type, /*lower_case=*/true),
               " tensors, but the process group (backend ", group->getBackendName(), ") serves ",
               device_types_served(*group),
@@ -158,7 +167,7 @@ std::vector<std::string> describe_differences(const std::vector<std::vector<doub
 c10::Device check_device(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                          c10::DeviceType preferred, const std::string& who) {
   // No index: tensors made for it go to the current device of that type.
-  if (group->hasBackendForDeviceType(preferred)) return c10::Device(preferred);
+  if (serves(*group, preferred)) return c10::Device(preferred);
   check_group_serves(group, c10::DeviceType::CPU, who, "its consistency checks' values");
   return c10::Device(c10::DeviceType::CPU);
 }

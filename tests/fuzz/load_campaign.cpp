@@ -42,6 +42,7 @@
 #include "serialize/reader_error.h"
 #include "serialize/zip_directory.h"
 #include "support/checkpoints.h"
+#include "support/remove_tree.h"
 
 namespace fs = std::filesystem;
 
@@ -537,6 +538,6 @@ int main(int argc, char** argv) {
   for (const auto& [what, count] : failures_by_mutation) {
     std::printf("  failure: %s: %zu\n", what.c_str(), count);
   }
-  fs::remove_all(dir);
+  amp_test::remove_tree(dir);
   return failed ? 1 : 0;
 }

@@ -38,6 +38,8 @@
 #include <amp/grad_scaler.h>
 #include <amp/optim.h>
 
+#include "support/remove_tree.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -496,8 +498,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     total.add(counts);
   }
-  std::error_code ec;
-  fs::remove_all(args.dir, ec);
+  amp_test::remove_tree(args.dir);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   print_counts("total", total);

@@ -17,6 +17,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "support/remove_tree.h"
+
 extern char** environ;
 
 namespace amp_test {
@@ -48,7 +50,7 @@ RankProcesses::RankProcesses(const std::string& program, const std::vector<std::
   folder_ = (std::filesystem::temp_directory_path() /
              ("amp_ranks_" + std::to_string(::getpid()) + "_" + std::to_string(serial++)))
                 .string();
-  std::filesystem::remove_all(folder_);
+  remove_tree(folder_);
   std::filesystem::create_directories(folder_);
   start_ = std::chrono::steady_clock::now();
   for (int rank = 0; rank < count; ++rank) {
@@ -162,8 +164,7 @@ void RankProcesses::kill_and_reap() {
 
 RankProcesses::~RankProcesses() {
   kill_and_reap();
-  std::error_code ignored;
-  std::filesystem::remove_all(folder_, ignored);
+  remove_tree(folder_);
 }
 
 }  // namespace amp_test

@@ -4,9 +4,10 @@
 #include <atomic>
 #include <filesystem>
 #include <string>
-#include <system_error>
 
 #include <unistd.h>
+
+#include "support/remove_tree.h"
 
 namespace amp_test {
 
@@ -17,13 +18,10 @@ class TempDir {
     static std::atomic<int> counter{0};
     path_ = std::filesystem::temp_directory_path() /
             ("amp_" + name + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::remove_all(path_);
+    remove_tree(path_);
     std::filesystem::create_directories(path_);
   }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
+  ~TempDir() { remove_tree(path_); }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 
