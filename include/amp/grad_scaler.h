@@ -34,6 +34,9 @@ enum class MinScalePolicy {
   /// Keep skipping steps and keep the scale at min_scale (Megatron-LM's behaviour).
   kSkip,
   /// Throw a c10::Error from step() that says what to try (DeepSpeed's raise_error_at_min_scale).
+  /// Deciding to throw is a host decision: one host read per step, with fused optimizers too
+  /// (merged with the read a non-fused step makes anyway), so a fused step inside a CUDA graph
+  /// capture is refused with kThrow; kSkip needs no read.
   kThrow,
 };
 
@@ -268,13 +271,15 @@ class AMP_EXPORT GradScaler {
   /// combined by max, so it is exactly 0 or 1 as ATen's kernels expect; Python sums them, which
   /// skips nothing when two devices overflow); step() is called unconditionally and the result
   /// is StepOutcome::kDecidedOnDevice. No host sync, except with MinScalePolicy::kThrow, which
-  /// reads the flag after the step to decide whether to throw.
+  /// reads the flag after the step to decide whether to throw (and so is refused, before the
+  /// step, while the current CUDA stream is being captured into a graph).
   ///
   /// Throws when step() was already called for this optimizer before update(), before any
   /// scale(), when the optimizer has no gradients ("No inf checks were recorded ..."; as in
   /// Python, an optimizer that supports scaling then steps over nothing instead, and update()
   /// refuses unless another optimizer recorded a check), and with MinScalePolicy::kThrow when
-  /// gradients overflow at min_scale.
+  /// gradients overflow at min_scale. A non-fused step syncs once (the flag, read together with
+  /// the min_scale check under kThrow).
   StepResult step(torch::optim::Optimizer& optimizer,
                   torch::optim::Optimizer::LossClosure closure = nullptr);
 
@@ -409,8 +414,15 @@ class AMP_EXPORT GradScaler {
   // This step's flag for `state`: the per-device flags on the scale's device, combined by max,
   // and across ranks when options().found_inf_sync() is set (then recorded back into `state`).
   at::Tensor combined_found_inf(OptimizerState& state) const;
-  // MinScalePolicy::kThrow: throws when `found` overflowed with the scale at min_scale (a sync).
-  void throw_if_overflow_at_min_scale(const at::Tensor& found) const;
+  // Whether `found` overflowed and, under MinScalePolicy::kThrow, whether the scale is stuck (at
+  // min_scale with no hysteresis allowance left), read in one host copy: a sync.
+  struct OverflowRead {
+    bool overflow;
+    bool stuck_at_min_scale;
+  };
+  OverflowRead read_overflow(const at::Tensor& found) const;
+  // Whether step() throws on an overflow at min_scale (MinScalePolicy::kThrow, min_scale > 0).
+  bool throws_at_min_scale() const;
   // Whether any extension of the update (hysteresis, bounds) or the counters is on.
   bool uses_extensions() const;
 

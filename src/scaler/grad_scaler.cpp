@@ -11,6 +11,7 @@
 #include <amp/ops.h>
 #include <amp/scaler_hooks.h>
 
+#include "scaler/stream_capture.h"
 #include "scaler/validate.h"
 
 namespace amp {
@@ -330,22 +331,39 @@ at::Tensor GradScaler::combined_found_inf(OptimizerState& state) const {
   return found;
 }
 
-void GradScaler::throw_if_overflow_at_min_scale(const at::Tensor& found) const {
-  if (options_.at_min_scale() != MinScalePolicy::kThrow || options_.min_scale() <= 0.0) return;
-  // Whether this overflow would back off below the floor, fetched with the flag in one read.
-  at::Tensor at_min = scale_.le(options_.min_scale());
-  if (hysteresis_remaining_.defined()) at_min = at_min.logical_and(hysteresis_remaining_.le(1));
-  // HOST SYNC: throwing is a host decision.
-  const at::Tensor flags = at::stack({found.ne(0), at_min}).to(at::kCPU);
-  TORCH_CHECK(!(flags[0].item<bool>() && flags[1].item<bool>()),
+bool GradScaler::throws_at_min_scale() const {
+  return options_.at_min_scale() == MinScalePolicy::kThrow && options_.min_scale() > 0.0;
+}
+
+GradScaler::OverflowRead GradScaler::read_overflow(const at::Tensor& found) const {
+  if (!throws_at_min_scale()) {
+    // HOST SYNC.
+    return {found.item<float>() != 0.0f, false};
+  }
+  // An overflow now would back off below the floor: the scale is at min_scale and (with
+  // hysteresis) this overflow spends the last unit of the allowance.
+  at::Tensor stuck = scale_.le(options_.min_scale());
+  if (hysteresis_remaining_.defined()) stuck = stuck.logical_and(hysteresis_remaining_.le(1));
+  // HOST SYNC: both flags in one read, as the bits of one integer.
+  const int bits = found.ne(0).to(at::kInt).mul(2).add(stuck.to(at::kInt)).item<int>();
+  return {(bits & 2) != 0, (bits & 1) != 0};
+}
+
+namespace {
+
+// MinScalePolicy::kThrow's refusal: an overflow the scale cannot back off from any more.
+void throw_if_stuck(bool overflow, bool stuck_at_min_scale, double min_scale) {
+  TORCH_CHECK(!(overflow && stuck_at_min_scale),
               "GradScaler: the gradients overflowed (inf/NaN) while the scale is already at "
               "min_scale=",
-              options_.min_scale(),
+              min_scale,
               ", so the step was skipped and the scale cannot back off "
               "further. Try a lower min_scale, a lower learning rate, bf16 instead of fp16, or "
               "check the model and data for inf/NaN that scaling does not cause; "
               "MinScalePolicy::kSkip keeps skipping instead of throwing.");
 }
+
+}  // namespace
 
 StepResult GradScaler::step(torch::optim::Optimizer& optimizer,
                             torch::optim::Optimizer::LossClosure closure) {
@@ -372,7 +390,8 @@ StepResult GradScaler::step(torch::optim::Optimizer& optimizer,
   result.found_inf = combined_found_inf(state);
   // HOST SYNC (the only one in a step): a non-fused optimizer's step() runs on the host, so
   // deciding whether to call it needs the inf/NaN flag here.
-  const bool overflow = result.found_inf.item<float>() != 0.0f;
+  const OverflowRead read = read_overflow(result.found_inf);
+  const bool overflow = read.overflow;
   if (overflow) {
     result.outcome = StepOutcome::kSkipped;
   } else {
@@ -380,7 +399,7 @@ StepResult GradScaler::step(torch::optim::Optimizer& optimizer,
     result.outcome = StepOutcome::kTaken;
   }
   state.stage = OptimizerStage::kStepped;
-  if (overflow) throw_if_overflow_at_min_scale(result.found_inf);
+  throw_if_stuck(read.overflow, read.stuck_at_min_scale, options_.min_scale());
   return result;
 }
 
@@ -388,6 +407,13 @@ StepResult GradScaler::step_on_device(torch::optim::Optimizer& optimizer, Optimi
                                       optim::SupportsAmpScaling& scaling) {
   // Python's `_step_supports_amp_scaling` branch: check without unscaling unless unscale_ ran,
   // hand over the scale (none when already unscaled) and the flag, call step() regardless.
+  // Refused before any work: the read after the step would fail inside the capture with CUDA's
+  // "operation not permitted when stream is capturing" and invalidate the whole graph.
+  TORCH_CHECK(!throws_at_min_scale() || !detail::current_stream_is_capturing(scale_.device()),
+              "GradScaler::step: MinScalePolicy::kThrow reads the inf/NaN flag on the host after "
+              "every step, which a CUDA graph capture cannot do. Capture with "
+              "MinScalePolicy::kSkip (the scale then stays at min_scale and steps keep being "
+              "skipped), or step outside the graph.");
   const bool unscaled = state.stage == OptimizerStage::kUnscaled;
   if (!unscaled) check_inf_per_device(optimizer);
   StepResult result;
@@ -419,7 +445,10 @@ StepResult GradScaler::step_on_device(torch::optim::Optimizer& optimizer, Optimi
   }
   scaling.clear_grad_scaling();
   state.stage = OptimizerStage::kStepped;
-  throw_if_overflow_at_min_scale(result.found_inf);
+  if (throws_at_min_scale()) {
+    const OverflowRead read = read_overflow(result.found_inf);
+    throw_if_stuck(read.overflow, read.stuck_at_min_scale, options_.min_scale());
+  }
   return result;
 }
 

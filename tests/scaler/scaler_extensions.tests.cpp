@@ -4,6 +4,7 @@
 
 #include <amp/grad_scaler.h>
 
+#include "support/host_reads.h"
 #include "support/scaler_helpers.h"
 
 namespace {
@@ -144,6 +145,33 @@ TEST_CASE("The throw policy stops at min_scale with advice, the skip policy keep
   Loop lenient(GradScalerOptions().init_scale(4.0).min_scale(2.0));
   for (int i = 0; i < 3; ++i) CHECK_FALSE(lenient.iterate(true));
   CHECK(lenient.scaler.get_scale() == 2.0);
+}
+
+TEST_CASE("The throw policy decides with one host read per step, the hysteresis allowance included",
+          "[scaler]") {
+  // At min_scale with an allowance of 2: the first overflow only spends a unit (no throw), the
+  // second would back off below the floor and throws. The flag that skips the step and the
+  // min-scale check are read together, so every step reads once, as without the policy.
+  Loop loop(GradScalerOptions().init_scale(2.0).min_scale(2.0).hysteresis(2).at_min_scale(
+      amp::MinScalePolicy::kThrow));
+  const auto step_reads = [&](bool overflow) {
+    set_grad(loop.param, torch::full({1}, overflow ? INFINITY : 1.0f));
+    amp_test::HostReadRecorder recorder;
+    try {
+      loop.scaler.step(loop.optimizer);
+    } catch (const c10::Error& e) {
+      CHECK_THAT(e.what(), Contains("while the scale is already at min_scale=2"));
+      return -static_cast<int>(recorder.reads().size());  // negative: it threw
+    }
+    return static_cast<int>(recorder.reads().size());
+  };
+  CHECK(step_reads(false) == 1);
+  loop.scaler.update();
+  CHECK(step_reads(true) == 1);
+  loop.scaler.update();
+  CHECK(loop.scaler.hysteresis_remaining() == 1);
+  CHECK(loop.scaler.get_scale() == 2.0);
+  CHECK(step_reads(true) == -1);
 }
 
 TEST_CASE("Counters count taken, skipped and consecutive skipped iterations", "[scaler]") {
