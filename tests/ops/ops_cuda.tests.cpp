@@ -556,8 +556,6 @@ TEST_CASE("The CUDA scale update matches ATen's at the float32 edges", "[ops][cu
       {"NaN found_inf backs off", 3.0e38f, 3, kNaN, 2.0, 5},
       {"-inf found_inf backs off", 1.0f, 3, -kInf, 2.0, 5},
       {"-0.0 found_inf is clean", 1.0f, 3, -0.0f, 2.0, 5},
-      {"back-off from the smallest subnormal", std::numeric_limits<float>::denorm_min(), 0, 1.0f,
-       2.0, 5},
       {"a clean step below the interval only counts", 8.0f, 2, 0.0f, 2.0, 5},
   };
   for (const auto& c : cases) {
@@ -576,6 +574,24 @@ TEST_CASE("The CUDA scale update matches ATen's at the float32 edges", "[ops][cu
   amp::update_scale_(s, t, torch::zeros({}, on(torch::kFloat)), 2.0, 0.5, 1);
   CHECK(float_bits(s.item<float>()) == float_bits(3.0e38f));
   CHECK(t.item<int>() == 0);
+
+  // Where amp deliberately differs from ATen: a back-off stops at float32's smallest normal
+  // value, 2^-126, from it and from below it (ATen halves on into the denormals), as on the CPU.
+  for (const float from : {std::numeric_limits<float>::min(), std::numeric_limits<float>::min() * 3,
+                           std::numeric_limits<float>::denorm_min()}) {
+    INFO("backing off from " << from);
+    auto [gpu_scale, gpu_tracker] = state(from, 2);
+    auto cpu_scale = torch::full({}, from), cpu_tracker = torch::full({}, 2, torch::kInt);
+    const auto found = torch::ones({}, on(torch::kFloat));
+    amp::update_scale_(gpu_scale, gpu_tracker, found, 2.0, 0.5, 5);
+    amp::update_scale_(cpu_scale, cpu_tracker, found.cpu(), 2.0, 0.5, 5);
+    const float expected = from == std::numeric_limits<float>::min() * 3
+                               ? std::numeric_limits<float>::min() * 1.5f
+                               : std::numeric_limits<float>::min();
+    CHECK(float_bits(gpu_scale.item<float>()) == float_bits(expected));
+    CHECK(same_bits(gpu_scale.cpu(), cpu_scale));
+    CHECK(gpu_tracker.item<int>() == 0);
+  }
 
   // Random trajectories with NaN and inf flags, against ATen's CUDA kernel step by step.
   torch::manual_seed(4);
@@ -819,6 +835,7 @@ TEST_CASE("Unscale, norm, clip and update captured in a CUDA graph replay as eag
   };
 
   const auto side = c10::cuda::getStreamFromPool();
+  torch::cuda::synchronize();  // the pool stream does not wait for the default stream's writes
   {
     // Warm-up on the capture stream, on throw-away copies of the state.
     const c10::cuda::CUDAStreamGuard guard(side);
@@ -873,6 +890,7 @@ TEST_CASE("Unscaling with attribution captured in a CUDA graph matches ATen's ea
   auto inv = scalar(1.0f / 1024.0f);
   auto flags = torch::zeros({static_cast<int64_t>(grads.size())}, on(torch::kFloat));
   const auto side = c10::cuda::getStreamFromPool();
+  torch::cuda::synchronize();  // the pool stream does not wait for the default stream's writes
   {
     const c10::cuda::CUDAStreamGuard guard(side);
     auto g = clones(grads);

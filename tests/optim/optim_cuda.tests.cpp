@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -110,16 +111,26 @@ TEST_CASE("A whole AMP step captured in a CUDA graph replays as eager steps do",
     scaler.update();
   };
   // Warm-up on the capture stream (state, lr tensor, scale and cuBLAS workspaces exist before
-  // capture), mirrored on the eager twin so both start from the same state.
+  // capture), mirrored on the eager twin so both start from the same state. The side stream
+  // waits for the inputs written on the default stream, and the default stream waits for the
+  // side stream before overwriting them: pool streams do not order against the default one.
   const auto side = c10::cuda::getStreamFromPool();
+  const auto wait_for = [](const c10::cuda::CUDAStream& waiter,
+                           const c10::cuda::CUDAStream& producer) {
+    at::cuda::CUDAEvent done;
+    done.record(producer);
+    done.block(waiter);
+  };
   for (int k = 0; k < 2; ++k) {
     auto [x, y] = batch(k);
     static_x.copy_(x);
     static_y.copy_(y);
+    wait_for(side, c10::cuda::getCurrentCUDAStream());
     {
       const c10::cuda::CUDAStreamGuard guard(side);
       whole_step(graphed, graph_opt, graph_scaler, static_x, static_y);
     }
+    wait_for(c10::cuda::getCurrentCUDAStream(), side);
     whole_step(eager, eager_opt, eager_scaler, x, y);
   }
   torch::cuda::synchronize();
@@ -137,11 +148,13 @@ TEST_CASE("A whole AMP step captured in a CUDA graph replays as eager steps do",
     INFO("replay " << replay);
     auto [x, y] = batch(10 + replay);
     if (replay == 2) y.fill_(std::numeric_limits<float>::infinity());  // an overflowing step
-    if (replay == 4) {
-      // An lr change reaches the replays through sync_capturable_lr (no host code replays).
-      graph_opt.param_groups()[0].options().set_lr(0.0);
+    if (replay == 4 || replay == 5) {
+      // An lr change reaches the replays through sync_capturable_lr (no host code replays):
+      // 0 for replay 4, the original 1e-3 again from replay 5 on.
+      const double lr = replay == 4 ? 0.0 : 1e-3;
+      graph_opt.param_groups()[0].options().set_lr(lr);
       graph_opt.sync_capturable_lr();
-      eager_opt.param_groups()[0].options().set_lr(0.0);
+      eager_opt.param_groups()[0].options().set_lr(lr);
     }
     static_x.copy_(x);
     static_y.copy_(y);
@@ -167,6 +180,43 @@ TEST_CASE("A whole AMP step captured in a CUDA graph replays as eager steps do",
       CHECK_FALSE(same_bits(graphed.params()[0].detach(), before));
     }
   }
+}
+
+TEST_CASE("A fused step under MinScalePolicy::kThrow is refused inside a CUDA graph capture",
+          "[optim][cuda]") {
+  Net net(3);
+  FusedAdamW opt(net.params(), FusedAdamWOptions(1e-3).capturable(true));
+  GradScaler scaler(GradScalerOptions().init_scale(256.0).min_scale(1.0).at_min_scale(
+      amp::MinScalePolicy::kThrow));
+  auto [x, y] = batch(0);
+  // Eagerly the policy works (one host read per step).
+  scaler.scale(net.loss(x, y)).backward();
+  CHECK(scaler.step(opt).outcome == amp::StepOutcome::kDecidedOnDevice);
+  scaler.update();
+  opt.zero_grad();
+  const auto side = c10::cuda::getStreamFromPool();
+  torch::cuda::synchronize();
+  const auto before = net.params()[0].detach().clone();
+  {
+    const c10::cuda::CUDAStreamGuard guard(side);
+    scaler.scale(net.loss(x, y)).backward();
+    side.synchronize();
+    at::cuda::CUDAGraph graph;
+    graph.capture_begin();
+    auto captured = torch::ones({4}, kCuda).mul_(2);  // the graph is not empty either way
+    // Refused before any work is captured, instead of CUDA failing the capture at the read.
+    CHECK_THROWS_WITH(scaler.step(opt),
+                      Contains("MinScalePolicy::kThrow reads the inf/NaN flag on the host") &&
+                          Contains("Capture with MinScalePolicy::kSkip"));
+    graph.capture_end();
+  }
+  torch::cuda::synchronize();
+  CHECK(same_bits(net.params()[0].detach(), before));
+  // Outside the capture the same scaler steps again.
+  CHECK(scaler.step(opt).outcome == amp::StepOutcome::kDecidedOnDevice);
+  scaler.update();
+  torch::cuda::synchronize();
+  CHECK_FALSE(same_bits(net.params()[0].detach(), before));
 }
 
 TEST_CASE("CUDA-only checks of the fused optimizers: devices within a group, capturable state",

@@ -125,7 +125,7 @@ def reference(config, weights, xs, ys, workdir):
         if step == config["new_scale_at"]:
             scaler.update(config["new_scale"])
         elif step == config["new_scale_tensor_at"]:
-            scaler.update(torch.tensor(config["new_scale_tensor"]))
+            scaler.update(torch.tensor(config["new_scale_tensor"], device=device))
         else:
             scaler.update()
         if step == config["resume_at"]:

@@ -121,7 +121,7 @@ int main(int argc, char* argv[]) {
     if (step == in.integer("new_scale_at")) {
       scaler.update(in.real("new_scale"));
     } else if (step == in.integer("new_scale_tensor_at")) {
-      scaler.update(torch::tensor(in.real("new_scale_tensor")));
+      scaler.update(torch::tensor(in.real("new_scale_tensor")).to(device));
     } else {
       scaler.update();
     }

@@ -160,7 +160,7 @@ TEST_CASE("GradScaler::unscale_and_clip_ on CUDA equals unscale_ then clip_grad_
   const auto total = scaler_mine.unscale_and_clip_(opt_mine, max_norm);
   scaler_ref.unscale_(opt_ref);
   const double ref_total = torch::nn::utils::clip_grad_norm_(ref, max_norm);
-  CHECK(total.device() == kCuda);
+  CHECK(total.is_cuda());
   if (overflow) {
     CHECK_FALSE(std::isfinite(total.item<float>()));
     CHECK_FALSE(std::isfinite(ref_total));
