@@ -13,7 +13,8 @@ namespace amp_test {
 /// whether nothing is left. Not std::filesystem::remove_all: LibTorch 2.11's libtorch.so exports
 /// its own statically linked copy of libstdc++'s std::filesystem (pytorch/pytorch#133437), which
 /// programs linking it bind to before libstdc++'s, and that copy's remove_all crashes (a call
-/// through a null pointer) on every path. The other std::filesystem calls the tests make work.
+/// through a null pointer) on every folder that is not empty. The other std::filesystem calls
+/// the tests make work.
 inline bool remove_tree(const std::filesystem::path& path) {
   // Depth first, so a folder is emptied before it is removed; std::remove rmdirs folders.
   const auto remove_entry = [](const char* entry, const struct stat*, int, struct FTW*) {
