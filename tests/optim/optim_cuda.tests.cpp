@@ -4,7 +4,6 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
-#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -111,26 +110,20 @@ TEST_CASE("A whole AMP step captured in a CUDA graph replays as eager steps do",
     scaler.update();
   };
   // Warm-up on the capture stream (state, lr tensor, scale and cuBLAS workspaces exist before
-  // capture), mirrored on the eager twin so both start from the same state. The side stream
-  // waits for the inputs written on the default stream, and the default stream waits for the
-  // side stream before overwriting them: pool streams do not order against the default one.
+  // capture), mirrored on the eager twin so both start from the same state. A pool stream does
+  // not order against the default one, so the inputs written there are finished before the side
+  // stream reads them, and its step is finished before the next iteration overwrites them.
   const auto side = c10::cuda::getStreamFromPool();
-  const auto wait_for = [](const c10::cuda::CUDAStream& waiter,
-                           const c10::cuda::CUDAStream& producer) {
-    at::cuda::CUDAEvent done;
-    done.record(producer);
-    done.block(waiter);
-  };
   for (int k = 0; k < 2; ++k) {
     auto [x, y] = batch(k);
     static_x.copy_(x);
     static_y.copy_(y);
-    wait_for(side, c10::cuda::getCurrentCUDAStream());
+    torch::cuda::synchronize();
     {
       const c10::cuda::CUDAStreamGuard guard(side);
       whole_step(graphed, graph_opt, graph_scaler, static_x, static_y);
     }
-    wait_for(c10::cuda::getCurrentCUDAStream(), side);
+    torch::cuda::synchronize();
     whole_step(eager, eager_opt, eager_scaler, x, y);
   }
   torch::cuda::synchronize();
