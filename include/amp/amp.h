@@ -9,5 +9,6 @@
 #include <amp/export.h>
 #include <amp/grad_scaler.h>
 #include <amp/info.h>
+#include <amp/low_precision.h>
 #include <amp/optim.h>
 #include <amp/version.h>

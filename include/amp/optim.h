@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/input-archive.h>
@@ -44,6 +45,22 @@ struct AMP_EXPORT FusedAdamOptions
   /// Keep the learning rate in a device tensor too (step counts always are), so that a step can
   /// be captured in a CUDA graph and later lr changes reach the replays. CUDA parameters only.
   TORCH_ARG(bool, capturable) = false;
+  /// Low-precision parameters (bfloat16/float16; others are updated as usual): keep an fp32 copy
+  /// of each in the optimizer state, step on it, and write the rounded result to the parameter
+  /// (Apex O2, Megatron). Checkpoints hold the copy under "master_weight".
+  TORCH_ARG(bool, master_weights) = false;
+  /// Low-precision parameters: add each update through a compensation buffer in the parameter's
+  /// dtype ("kahan_comp"), so updates smaller than the parameter's rounding step still land.
+  TORCH_ARG(bool, kahan_summation) = false;
+  /// bfloat16 parameters: round each updated value up or down at random, with probability by
+  /// distance (unbiased). The bits come from rounding_seed, the parameter's position in the
+  /// optimizer and its step count, so a run and its resume draw the same bits.
+  TORCH_ARG(bool, stochastic_rounding) = false;
+  /// Low-precision parameters: the dtype of the moment/momentum buffers (float32, bfloat16 or
+  /// float16). Unset: float32 with master_weights, the parameter's dtype otherwise.
+  TORCH_ARG(std::optional<c10::ScalarType>, state_dtype) = std::nullopt;
+  /// The seed of stochastic_rounding's bits.
+  TORCH_ARG(int64_t, rounding_seed) = 0;
 
  public:
   /// Reads the options from a checkpoint, under LibTorch's key names.
@@ -80,6 +97,16 @@ struct AMP_EXPORT FusedAdamWOptions
   TORCH_ARG(bool, maximize) = false;
   /// See FusedAdamOptions::capturable.
   TORCH_ARG(bool, capturable) = false;
+  /// See FusedAdamOptions::master_weights (and the four options after it).
+  TORCH_ARG(bool, master_weights) = false;
+  /// See FusedAdamOptions::kahan_summation.
+  TORCH_ARG(bool, kahan_summation) = false;
+  /// See FusedAdamOptions::stochastic_rounding.
+  TORCH_ARG(bool, stochastic_rounding) = false;
+  /// See FusedAdamOptions::state_dtype.
+  TORCH_ARG(std::optional<c10::ScalarType>, state_dtype) = std::nullopt;
+  /// See FusedAdamOptions::rounding_seed.
+  TORCH_ARG(int64_t, rounding_seed) = 0;
 
  public:
   /// Reads the options from a checkpoint, under LibTorch's key names.
@@ -114,6 +141,16 @@ struct AMP_EXPORT FusedSGDOptions
   TORCH_ARG(bool, maximize) = false;
   /// See FusedAdamOptions::capturable.
   TORCH_ARG(bool, capturable) = false;
+  /// See FusedAdamOptions::master_weights (and the four options after it).
+  TORCH_ARG(bool, master_weights) = false;
+  /// See FusedAdamOptions::kahan_summation.
+  TORCH_ARG(bool, kahan_summation) = false;
+  /// See FusedAdamOptions::stochastic_rounding.
+  TORCH_ARG(bool, stochastic_rounding) = false;
+  /// See FusedAdamOptions::state_dtype.
+  TORCH_ARG(std::optional<c10::ScalarType>, state_dtype) = std::nullopt;
+  /// See FusedAdamOptions::rounding_seed.
+  TORCH_ARG(int64_t, rounding_seed) = 0;
 
  public:
   /// Reads the options from a checkpoint, under LibTorch's key names.
@@ -135,12 +172,16 @@ struct AMP_EXPORT FusedAdamParamState
     : public torch::optim::OptimizerCloneableParamState<FusedAdamParamState> {
   /// Steps taken so far: a 0-dim float32 tensor on the parameter's device.
   TORCH_ARG(at::Tensor, step);
-  /// First moment estimate, shaped and typed like the parameter.
+  /// First moment estimate, shaped like the parameter, typed like it (or as state_dtype).
   TORCH_ARG(at::Tensor, exp_avg);
-  /// Second moment estimate, shaped and typed like the parameter.
+  /// Second moment estimate, shaped and typed like exp_avg.
   TORCH_ARG(at::Tensor, exp_avg_sq);
   /// Maximum of past second moments (amsgrad only; otherwise undefined).
   TORCH_ARG(at::Tensor, max_exp_avg_sq);
+  /// master_weights: the parameter's float32 copy (otherwise undefined).
+  TORCH_ARG(at::Tensor, master_weight);
+  /// kahan_summation: the compensation, in the parameter's dtype (otherwise undefined).
+  TORCH_ARG(at::Tensor, kahan_comp);
 
  public:
   /// Reads LibTorch's layout (an integer step) or a tensor step.
@@ -155,8 +196,14 @@ struct AMP_EXPORT FusedAdamParamState
 /// LibTorch's SGD layout.
 struct AMP_EXPORT FusedSGDParamState
     : public torch::optim::OptimizerCloneableParamState<FusedSGDParamState> {
-  /// The momentum buffer, shaped and typed like the parameter.
+  /// The momentum buffer, shaped like the parameter, typed like it (or as state_dtype).
   TORCH_ARG(at::Tensor, momentum_buffer);
+  /// stochastic_rounding: steps taken, a 0-dim float32 tensor (the rounding bits' counter).
+  TORCH_ARG(at::Tensor, step);
+  /// master_weights: the parameter's float32 copy (otherwise undefined).
+  TORCH_ARG(at::Tensor, master_weight);
+  /// kahan_summation: the compensation, in the parameter's dtype (otherwise undefined).
+  TORCH_ARG(at::Tensor, kahan_comp);
 
  public:
   /// Reads LibTorch's SGD layout.
@@ -169,6 +216,8 @@ struct AMP_EXPORT FusedSGDParamState
 
 namespace detail {
 struct GroupWork;
+struct LowPrecisionPlan;
+class ParamPositions;
 
 /// What every amp fused optimizer shares, so that a new one only states its arithmetic: param
 /// groups with LibTorch's option merging, the checks on parameters and gradients, the step
@@ -217,8 +266,10 @@ class AMP_EXPORT FusedOptimizer : public torch::optim::Optimizer, public Support
                           const std::optional<at::Tensor>& grad_scale,
                           const std::optional<at::Tensor>& found_inf) = 0;
   /// Hook: a saved state entry checked against `param` (throws a sentence starting with
-  /// `where`) and copied to the parameter's device.
+  /// `where`) and copied to the parameter's device, in the dtypes `options` (the loaded group's)
+  /// give its state.
   virtual std::unique_ptr<ParamState> loaded_state(const at::Tensor& param, const ParamState& saved,
+                                                   const Options& options,
                                                    const std::string& where) const = 0;
 
  private:
@@ -253,6 +304,7 @@ class AMP_EXPORT FusedAdamFamily : public FusedOptimizer<Options, FusedAdamParam
   /// A checkpoint's state entry checked against the parameter and moved to its device.
   std::unique_ptr<FusedAdamParamState> loaded_state(const at::Tensor& param,
                                                     const FusedAdamParamState& saved,
+                                                    const Options& options,
                                                     const std::string& where) const override;
 };
 
@@ -321,9 +373,17 @@ class AMP_EXPORT FusedSGD : public detail::FusedOptimizer<FusedSGDOptions, Fused
   void step_group(size_t group_index, const FusedSGDOptions& options, const detail::GroupWork& work,
                   const std::optional<at::Tensor>& grad_scale,
                   const std::optional<at::Tensor>& found_inf) override;
+  /// One dtype bucket of bfloat16/float16 parameters under the low-precision options.
+  void step_low_precision(size_t group_index, const FusedSGDOptions& options,
+                          const detail::LowPrecisionPlan& plan,
+                          const std::vector<at::Tensor>& params,
+                          const detail::ParamPositions& positions,
+                          const std::optional<at::Tensor>& grad_scale,
+                          const std::optional<at::Tensor>& found_inf);
   /// A checkpoint's state entry checked against the parameter and moved to its device.
   std::unique_ptr<FusedSGDParamState> loaded_state(const at::Tensor& param,
                                                    const FusedSGDParamState& saved,
+                                                   const FusedSGDOptions& options,
                                                    const std::string& where) const override;
 };
 

@@ -37,6 +37,15 @@ bool read_bool(torch::serialize::InputArchive& archive, const char* key, bool re
   return value->toBool();
 }
 
+int64_t read_int(torch::serialize::InputArchive& archive, const char* key, bool required,
+                 int64_t fallback) {
+  const auto value = find_entry(archive, key, required);
+  if (!value) return fallback;
+  TORCH_CHECK(value->isInt(), "the entry \"", key, "\" is a ", value->tagKind(),
+              ", not an integer");
+  return value->toInt();
+}
+
 at::Tensor read_tensor(torch::serialize::InputArchive& archive, const char* key) {
   const auto value = find_entry(archive, key, /*required=*/false);
   if (!value) return at::Tensor();

@@ -3,6 +3,7 @@
 // and writers the options and states use.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -35,8 +36,8 @@ ArchiveContents<Options, ParamState> read_archive(torch::serialize::InputArchive
                                                   const std::string& optimizer);
 
 /// Maps each current parameter to its saved state (by position in its group, as LibTorch does)
-/// after checking group count and sizes; `check_state(param, state, where)` validates and moves
-/// one entry to the parameter's device. Returns the new state map; the optimizer is untouched.
+/// after checking group count and sizes; `check_state(param, state, group_index, where)`
+/// validates and moves one entry to the parameter's device. Returns the new state map; the optimizer is untouched.
 template <typename Options, typename ParamState, typename CheckState>
 ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>> match_state(
     const ArchiveContents<Options, ParamState>& contents, const torch::optim::Optimizer& optimizer,
@@ -47,6 +48,9 @@ double read_double(torch::serialize::InputArchive& archive, const char* key, boo
                    double fallback);
 bool read_bool(torch::serialize::InputArchive& archive, const char* key, bool required,
                bool fallback);
+/// Reads an integer key.
+int64_t read_int(torch::serialize::InputArchive& archive, const char* key, bool required,
+                 int64_t fallback);
 /// Reads a tensor-valued key, undefined when absent.
 at::Tensor read_tensor(torch::serialize::InputArchive& archive, const char* key);
 
@@ -134,7 +138,7 @@ ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>> ma
       if (saved == contents.state.end()) continue;
       const std::string where = name + "::load: the state of parameter " + std::to_string(i) +
                                 " of group " + std::to_string(g);
-      state[params[i].unsafeGetTensorImpl()] = check_state(params[i], saved->second, where);
+      state[params[i].unsafeGetTensorImpl()] = check_state(params[i], saved->second, g, where);
     }
   }
   return state;

@@ -46,6 +46,7 @@ AdamOptions merge_adam(const AdamOptions& group, const AdamOptions& defaults) {
       .amsgrad(pick(group.amsgrad(), fresh.amsgrad(), defaults.amsgrad()))
       .maximize(pick(group.maximize(), fresh.maximize(), defaults.maximize()))
       .capturable(pick(group.capturable(), fresh.capturable(), defaults.capturable()));
+  detail::merge_low_precision(merged, group, fresh, defaults);
   return merged;
 }
 
@@ -53,7 +54,8 @@ template <typename AdamOptions>
 bool equal_adam(const AdamOptions& lhs, const AdamOptions& rhs) {
   return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() && lhs.eps() == rhs.eps() &&
          lhs.weight_decay() == rhs.weight_decay() && lhs.amsgrad() == rhs.amsgrad() &&
-         lhs.maximize() == rhs.maximize() && lhs.capturable() == rhs.capturable();
+         lhs.maximize() == rhs.maximize() && lhs.capturable() == rhs.capturable() &&
+         detail::equal_low_precision(lhs, rhs);
 }
 
 std::tuple<double, double> read_betas(InputArchive& archive) {
@@ -80,6 +82,7 @@ void write_adam_options(const AdamOptions& options, OutputArchive& archive) {
   archive.write("amsgrad", c10::IValue(options.amsgrad()));
   archive.write("maximize", c10::IValue(options.maximize()));
   archive.write("capturable", c10::IValue(options.capturable()));
+  detail::write_low_precision(options, archive);
 }
 
 template <typename AdamOptions>
@@ -94,14 +97,15 @@ void read_adam_options(AdamOptions& options, InputArchive& archive) {
       // Absent from LibTorch's checkpoints.
       .maximize(read_bool(archive, "maximize", false, false))
       .capturable(read_bool(archive, "capturable", false, false));
+  detail::read_low_precision(options, archive);
 }
 
 // ---- the step and the checkpoint state, for both types ----
 
+using StateMap = ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>;
+
 // Zero state for a parameter's first step (Python's _init_group for fused=True).
-FusedAdamParamState& state_for(
-    ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>& states,
-    const at::Tensor& param, bool amsgrad) {
+FusedAdamParamState& state_for(StateMap& states, const at::Tensor& param, bool amsgrad) {
   auto& slot = states[param.unsafeGetTensorImpl()];
   if (!slot) {
     auto fresh = std::make_unique<FusedAdamParamState>();
@@ -118,15 +122,69 @@ FusedAdamParamState& state_for(
   return state;
 }
 
+// The state of a parameter updated under `plan`: moments in the plan's dtype (converted when a
+// checkpoint or an options change left another), the master copy or compensation it needs.
+FusedAdamParamState& low_precision_state_for(StateMap& states, const at::Tensor& param,
+                                             bool amsgrad, const detail::LowPrecisionPlan& plan) {
+  auto& slot = states[param.unsafeGetTensorImpl()];
+  if (!slot) slot = std::make_unique<FusedAdamParamState>();
+  auto& state = static_cast<FusedAdamParamState&>(*slot);
+  if (!state.step().defined()) state.step(at::zeros({}, at::TensorOptions().dtype(at::kFloat)));
+  const c10::ScalarType dtype = plan.state_dtype;
+  state.exp_avg(detail::state_tensor(state.exp_avg(), param, dtype));
+  state.exp_avg_sq(detail::state_tensor(state.exp_avg_sq(), param, dtype));
+  if (amsgrad) state.max_exp_avg_sq(detail::state_tensor(state.max_exp_avg_sq(), param, dtype));
+  at::Tensor master = state.master_weight(), comp = state.kahan_comp();
+  detail::fit_write_back_state(master, comp, param, plan);
+  state.master_weight(master).kahan_comp(comp);
+  return state;
+}
+
+// One dtype bucket of low-precision parameters through amp's CPU kernel.
+template <typename AdamOptions>
+void adam_low_precision(StateMap& states, const AdamOptions& o, bool decoupled,
+                        const detail::LowPrecisionPlan& plan, const std::vector<at::Tensor>& params,
+                        const detail::ParamPositions& positions,
+                        const std::optional<at::Tensor>& grad_scale,
+                        const std::optional<at::Tensor>& found_inf, const std::string& where) {
+  std::vector<detail::LowPrecisionSlot> slots;
+  for (const at::Tensor& param : params) {
+    detail::check_low_precision_param(param, positions.of(param), where);
+    auto& state = low_precision_state_for(states, param, o.amsgrad(), plan);
+    detail::LowPrecisionSlot slot;
+    slot.param = param;
+    slot.grad = param.grad();
+    slot.master = state.master_weight();
+    slot.comp = state.kahan_comp();
+    slot.state0 = state.exp_avg();
+    slot.state1 = state.exp_avg_sq();
+    slot.state2 = o.amsgrad() ? state.max_exp_avg_sq() : at::Tensor();
+    slot.step = state.step();
+    slot.stream = positions.of(param);
+    slots.push_back(std::move(slot));
+  }
+  const auto [beta1, beta2] = o.betas();
+  detail::adam_low_precision_cpu(
+      slots,
+      detail::AdamHyper{o.lr(), beta1, beta2, o.eps(), o.weight_decay(), o.amsgrad(),
+                        o.maximize(), decoupled},
+      detail::low_precision_step(o, plan, grad_scale, found_inf));
+}
+
 // One group's step; `decoupled` is AdamW's weight decay, `lr_tensor` the capturable lr.
 template <typename AdamOptions, typename LrTensor>
 void adam_step_group(
-    ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>& states,
+    StateMap& states,
     const AdamOptions& o, bool decoupled, const detail::GroupWork& work,
     const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
-    LrTensor lr_tensor) {
+    LrTensor lr_tensor, const detail::ParamPositions& positions, const std::string& where) {
   const auto [beta1, beta2] = o.betas();
   for (const auto& [dtype, params] : work.params_by_dtype) {
+    if (const auto plan = detail::low_precision_plan(o, dtype)) {
+      adam_low_precision(states, o, decoupled, *plan, params, positions, grad_scale, found_inf,
+                         where);
+      continue;
+    }
     std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
     for (const at::Tensor& param : params) {
       auto& state = state_for(states, param, o.amsgrad());
@@ -159,17 +217,15 @@ void adam_step_group(
   }
 }
 
+template <typename AdamOptions>
 std::unique_ptr<FusedAdamParamState> adam_loaded_state(const at::Tensor& param,
                                                        const FusedAdamParamState& saved,
+                                                       const AdamOptions& options,
                                                        const std::string& where) {
   auto state = std::make_unique<FusedAdamParamState>();
+  const c10::ScalarType dtype = detail::state_dtype_for(options, param.scalar_type());
   const auto moved = [&](const at::Tensor& t, const char* key) {
-    if (!t.defined()) return at::Tensor();
-    TORCH_CHECK(t.sizes() == param.sizes() && at::isFloatingType(t.scalar_type()), where, " has ",
-                key, " of ", t.scalar_type(), " ", t.sizes(), " but the parameter is ",
-                param.scalar_type(), " ", param.sizes(),
-                "; the checkpoint belongs to another model. The optimizer is unchanged.");
-    return t.to(param.device(), param.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+    return detail::loaded_state_tensor(t, param, dtype, key, where);
   };
   TORCH_CHECK(saved.exp_avg().defined() && saved.exp_avg_sq().defined(), where,
               " lacks exp_avg or exp_avg_sq; the checkpoint is not an Adam checkpoint. The "
@@ -182,6 +238,16 @@ std::unique_ptr<FusedAdamParamState> adam_loaded_state(const at::Tensor& param,
   state->exp_avg(moved(saved.exp_avg(), "exp_avg"));
   state->exp_avg_sq(moved(saved.exp_avg_sq(), "exp_avg_sq"));
   state->max_exp_avg_sq(moved(saved.max_exp_avg_sq(), "max_exp_avg_sq"));
+  // Kept only where the loaded options use them (the first step creates them when missing).
+  const auto plan = detail::low_precision_plan(options, param.scalar_type());
+  if (plan && plan->write_back == detail::WriteBack::kMasterWeights) {
+    state->master_weight(
+        detail::loaded_state_tensor(saved.master_weight(), param, at::kFloat, "master_weight", where));
+  }
+  if (plan && plan->write_back == detail::WriteBack::kKahan) {
+    state->kahan_comp(detail::loaded_state_tensor(saved.kahan_comp(), param, param.scalar_type(),
+                                                  "kahan_comp", where));
+  }
   return state;
 }
 
@@ -216,6 +282,8 @@ void FusedAdamParamState::serialize(OutputArchive& archive) const {
   detail::write_tensor(archive, "exp_avg", exp_avg());
   detail::write_tensor(archive, "exp_avg_sq", exp_avg_sq());
   detail::write_tensor(archive, "max_exp_avg_sq", max_exp_avg_sq());
+  detail::write_tensor(archive, "master_weight", master_weight());
+  detail::write_tensor(archive, "kahan_comp", kahan_comp());
 }
 
 void FusedAdamParamState::serialize(InputArchive& archive) {
@@ -233,13 +301,17 @@ void FusedAdamParamState::serialize(InputArchive& archive) {
   exp_avg(detail::read_tensor(archive, "exp_avg"));
   exp_avg_sq(detail::read_tensor(archive, "exp_avg_sq"));
   max_exp_avg_sq(detail::read_tensor(archive, "max_exp_avg_sq"));
+  master_weight(detail::read_tensor(archive, "master_weight"));
+  kahan_comp(detail::read_tensor(archive, "kahan_comp"));
 }
 
 bool operator==(const FusedAdamParamState& lhs, const FusedAdamParamState& rhs) {
   return detail::same_tensor(lhs.step(), rhs.step()) &&
          detail::same_tensor(lhs.exp_avg(), rhs.exp_avg()) &&
          detail::same_tensor(lhs.exp_avg_sq(), rhs.exp_avg_sq()) &&
-         detail::same_tensor(lhs.max_exp_avg_sq(), rhs.max_exp_avg_sq());
+         detail::same_tensor(lhs.max_exp_avg_sq(), rhs.max_exp_avg_sq()) &&
+         detail::same_tensor(lhs.master_weight(), rhs.master_weight()) &&
+         detail::same_tensor(lhs.kahan_comp(), rhs.kahan_comp());
 }
 
 // ---- the optimizers ----
@@ -264,14 +336,17 @@ void FusedAdamFamily<Options>::step_group(size_t group_index, const Options& opt
                                           const std::optional<at::Tensor>& grad_scale,
                                           const std::optional<at::Tensor>& found_inf) {
   constexpr bool decoupled = std::is_same_v<Options, FusedAdamWOptions>;
+  const detail::ParamPositions positions(this->param_groups_);
   adam_step_group(this->state_, options, decoupled, work, grad_scale, found_inf,
-                  [&] { return this->lr_tensor(group_index, options.lr(), work.device); });
+                  [&] { return this->lr_tensor(group_index, options.lr(), work.device); },
+                  positions, group_where(this->name(), group_index));
 }
 
 template <typename Options>
 std::unique_ptr<FusedAdamParamState> FusedAdamFamily<Options>::loaded_state(
-    const at::Tensor& param, const FusedAdamParamState& saved, const std::string& where) const {
-  return adam_loaded_state(param, saved, where);
+    const at::Tensor& param, const FusedAdamParamState& saved, const Options& options,
+    const std::string& where) const {
+  return adam_loaded_state(param, saved, options, where);
 }
 
 template class FusedOptimizer<FusedAdamOptions, FusedAdamParamState>;

@@ -17,6 +17,7 @@
 #include <amp/optim.h>
 
 #include "optim/checkpoint.h"
+#include "optim/low_precision.h"
 #include "optim/param_groups.h"
 
 namespace amp::optim::detail {
@@ -61,6 +62,7 @@ void FusedOptimizer<Options, ParamState>::add_param_groups(
     std::vector<torch::optim::OptimizerParamGroup> groups) {
   const auto& defaults = static_cast<const Options&>(this->defaults());
   check_options(defaults, name_);
+  check_low_precision_options(defaults, name_);
   for (size_t g = 0; g < groups.size(); ++g) {
     if (groups[g].has_options()) {
       const auto* given = dynamic_cast<const Options*>(&groups[g].options());
@@ -73,7 +75,9 @@ void FusedOptimizer<Options, ParamState>::add_param_groups(
     }
     const auto& options = static_cast<const Options&>(groups[g].options());
     check_options(options, group_where(name_, g));
+    check_low_precision_options(options, group_where(name_, g));
     check_params(groups[g], g, name_, options.capturable());
+    check_low_precision_params(options, groups[g].params(), group_where(name_, g));
   }
   adopt_groups(*this, std::move(groups));
 }
@@ -84,6 +88,7 @@ const Options& FusedOptimizer<Options, ParamState>::checked_options(size_t group
   const auto& options = static_cast<const Options&>(param_groups_[group_index].options());
   // Rechecked every step: options may have been changed through param_groups() since.
   check_options(options, group_where(name_, group_index));
+  check_low_precision_options(options, group_where(name_, group_index));
   return options;
 }
 
@@ -131,13 +136,18 @@ void FusedOptimizer<Options, ParamState>::load(torch::serialize::InputArchive& a
   const std::string name = name_;
   auto contents = read_archive<Options, ParamState>(archive, name);
   for (size_t g = 0; g < contents.groups.size(); ++g) {
-    check_options(contents.groups[g].options,
-                  name + "::load (param group " + std::to_string(g) + ")");
+    const std::string where = name + "::load (param group " + std::to_string(g) + ")";
+    check_options(contents.groups[g].options, where);
+    check_low_precision_options(contents.groups[g].options, where);
+    if (g < param_groups_.size()) {  // a count mismatch is reported by match_state below
+      check_low_precision_params(contents.groups[g].options, param_groups_[g].params(), where);
+    }
   }
-  auto state =
-      match_state(contents, *this, name,
-                  [this](const at::Tensor& param, const ParamState& saved,
-                         const std::string& where) { return loaded_state(param, saved, where); });
+  auto state = match_state(contents, *this, name,
+                           [&](const at::Tensor& param, const ParamState& saved, size_t g,
+                               const std::string& where) {
+                             return loaded_state(param, saved, contents.groups[g].options, where);
+                           });
   for (size_t g = 0; g < contents.groups.size(); ++g) {
     param_groups_[g].set_options(std::make_unique<Options>(contents.groups[g].options));
   }

@@ -1,5 +1,7 @@
 // FusedSGD: Python's fused SGD step (torch/optim/sgd.py, _fused_sgd) over at::_fused_sgd_, with
 // zero-initialised momentum buffers; its options and state in LibTorch's SGD layout.
+#include <cmath>
+
 #include <ATen/ATen.h>
 
 #include "optim/fused_optimizer.h"
@@ -21,6 +23,7 @@ void FusedSGDOptions::serialize(OutputArchive& archive) const {
   archive.write("nesterov", c10::IValue(nesterov()));
   archive.write("maximize", c10::IValue(maximize()));
   archive.write("capturable", c10::IValue(capturable()));
+  detail::write_low_precision(*this, archive);
 }
 
 void FusedSGDOptions::serialize(InputArchive& archive) {
@@ -34,25 +37,36 @@ void FusedSGDOptions::serialize(InputArchive& archive) {
       // Absent from LibTorch's checkpoints.
       .maximize(read_bool(archive, "maximize", false, false))
       .capturable(read_bool(archive, "capturable", false, false));
+  detail::read_low_precision(*this, archive);
 }
 
 bool operator==(const FusedSGDOptions& lhs, const FusedSGDOptions& rhs) {
   return lhs.lr() == rhs.lr() && lhs.momentum() == rhs.momentum() &&
          lhs.dampening() == rhs.dampening() && lhs.weight_decay() == rhs.weight_decay() &&
          lhs.nesterov() == rhs.nesterov() && lhs.maximize() == rhs.maximize() &&
-         lhs.capturable() == rhs.capturable();
+         lhs.capturable() == rhs.capturable() && detail::equal_low_precision(lhs, rhs);
 }
 
 void FusedSGDParamState::serialize(OutputArchive& archive) const {
   detail::write_tensor(archive, "momentum_buffer", momentum_buffer());
+  // The low-precision modes' entries; LibTorch's SGD reads past them.
+  detail::write_tensor(archive, "step", step());
+  detail::write_tensor(archive, "master_weight", master_weight());
+  detail::write_tensor(archive, "kahan_comp", kahan_comp());
 }
 
 void FusedSGDParamState::serialize(InputArchive& archive) {
   momentum_buffer(detail::read_tensor(archive, "momentum_buffer"));
+  step(detail::read_tensor(archive, "step"));
+  master_weight(detail::read_tensor(archive, "master_weight"));
+  kahan_comp(detail::read_tensor(archive, "kahan_comp"));
 }
 
 bool operator==(const FusedSGDParamState& lhs, const FusedSGDParamState& rhs) {
-  return detail::same_tensor(lhs.momentum_buffer(), rhs.momentum_buffer());
+  return detail::same_tensor(lhs.momentum_buffer(), rhs.momentum_buffer()) &&
+         detail::same_tensor(lhs.step(), rhs.step()) &&
+         detail::same_tensor(lhs.master_weight(), rhs.master_weight()) &&
+         detail::same_tensor(lhs.kahan_comp(), rhs.kahan_comp());
 }
 
 // ---- the optimizer ----
@@ -98,6 +112,7 @@ FusedSGDOptions FusedSGD::merge_options(const FusedSGDOptions& group,
       .nesterov(pick(group.nesterov(), fresh.nesterov(), defaults.nesterov()))
       .maximize(pick(group.maximize(), fresh.maximize(), defaults.maximize()))
       .capturable(pick(group.capturable(), fresh.capturable(), defaults.capturable()));
+  detail::merge_low_precision(merged, group, fresh, defaults);
   return merged;
 }
 
@@ -119,7 +134,13 @@ void FusedSGD::step_group(size_t group_index, const FusedSGDOptions& o,
       call(o.lr());
     }
   };
+  std::optional<detail::ParamPositions> positions;
   for (const auto& [dtype, params] : work.params_by_dtype) {
+    if (const auto plan = detail::low_precision_plan(o, dtype)) {
+      if (!positions) positions.emplace(param_groups_);
+      step_low_precision(group_index, o, *plan, params, *positions, grad_scale, found_inf);
+      continue;
+    }
     if (o.momentum() == 0.0) {
       run(params, {}, /*is_first_step=*/false);
       continue;
@@ -148,18 +169,74 @@ void FusedSGD::step_group(size_t group_index, const FusedSGDOptions& o,
   }
 }
 
+void FusedSGD::step_low_precision(size_t group_index, const FusedSGDOptions& o,
+                                  const detail::LowPrecisionPlan& plan,
+                                  const std::vector<at::Tensor>& params,
+                                  const detail::ParamPositions& positions,
+                                  const std::optional<at::Tensor>& grad_scale,
+                                  const std::optional<at::Tensor>& found_inf) {
+  const std::string where = detail::group_where(name(), group_index);
+  std::vector<detail::LowPrecisionSlot> slots;
+  for (const at::Tensor& param : params) {
+    detail::check_low_precision_param(param, positions.of(param), where);
+    auto& entry = state_[param.unsafeGetTensorImpl()];
+    if (!entry) entry = std::make_unique<FusedSGDParamState>();
+    auto& state = static_cast<FusedSGDParamState&>(*entry);
+    if (!state.step().defined()) state.step(at::zeros({}, at::TensorOptions().dtype(at::kFloat)));
+    detail::LowPrecisionSlot slot;
+    // A new buffer starts at zeros (as on the ATen path): a skipped first step leaves zeros.
+    slot.first_momentum = o.momentum() != 0.0 && !state.momentum_buffer().defined();
+    if (o.momentum() != 0.0) {
+      state.momentum_buffer(detail::state_tensor(state.momentum_buffer(), param, plan.state_dtype));
+    }
+    at::Tensor master = state.master_weight(), comp = state.kahan_comp();
+    detail::fit_write_back_state(master, comp, param, plan);
+    state.master_weight(master).kahan_comp(comp);
+    slot.param = param;
+    slot.grad = param.grad();
+    slot.master = master;
+    slot.comp = comp;
+    slot.state0 = state.momentum_buffer();
+    slot.step = state.step();
+    slot.stream = positions.of(param);
+    slots.push_back(std::move(slot));
+  }
+  detail::sgd_low_precision_cpu(
+      slots,
+      detail::SgdHyper{o.lr(), o.momentum(), o.dampening(), o.weight_decay(), o.nesterov(),
+                       o.maximize()},
+      detail::low_precision_step(o, plan, grad_scale, found_inf));
+}
+
 std::unique_ptr<FusedSGDParamState> FusedSGD::loaded_state(const at::Tensor& param,
                                                            const FusedSGDParamState& saved,
+                                                           const FusedSGDOptions& options,
                                                            const std::string& where) const {
   auto state = std::make_unique<FusedSGDParamState>();
-  const at::Tensor& buf = saved.momentum_buffer();
-  if (buf.defined()) {
-    TORCH_CHECK(buf.sizes() == param.sizes() && at::isFloatingType(buf.scalar_type()), where,
-                " has momentum_buffer of ", buf.scalar_type(), " ", buf.sizes(),
-                " but the parameter is ", param.scalar_type(), " ", param.sizes(),
-                "; the checkpoint belongs to another model. The optimizer is unchanged.");
-    state->momentum_buffer(
-        buf.to(param.device(), param.scalar_type(), /*non_blocking=*/false, /*copy=*/true));
+  const auto plan = detail::low_precision_plan(options, param.scalar_type());
+  state->momentum_buffer(detail::loaded_state_tensor(
+      saved.momentum_buffer(), param, detail::state_dtype_for(options, param.scalar_type()),
+      "momentum_buffer", where));
+  if (!plan) return state;
+  // The low-precision entries, kept where the loaded options use them.
+  if (saved.step().defined()) {
+    const at::Tensor& count = saved.step();
+    TORCH_CHECK(count.numel() == 1 && count.is_floating_point(), where,
+                " has a step entry that is not a 1-element float tensor; the checkpoint is not "
+                "a FusedSGD checkpoint. The optimizer is unchanged.");
+    const float value = count.item<float>();
+    TORCH_CHECK(std::isfinite(value) && value >= 0 && value == std::floor(value), where,
+                " has a step count of ", value,
+                "; a count is a whole number >= 0. The optimizer is unchanged.");
+    state->step(count.reshape({}).to(at::kFloat).clone());
+  }
+  if (plan->write_back == detail::WriteBack::kMasterWeights) {
+    state->master_weight(detail::loaded_state_tensor(saved.master_weight(), param, at::kFloat,
+                                                     "master_weight", where));
+  }
+  if (plan->write_back == detail::WriteBack::kKahan) {
+    state->kahan_comp(detail::loaded_state_tensor(saved.kahan_comp(), param, param.scalar_type(),
+                                                  "kahan_comp", where));
   }
   return state;
 }

@@ -86,13 +86,15 @@ def record(out, step, params, optimizer):
                 out[f"{step}/{name}/{i}"] = value.detach().cpu().clone()
 
 
-def reference(config, weights, xs, ys):
+def run_reference(config, weights, xs, ys, optimizer_factory=None):
+    """The scenario's training in Python; `optimizer_factory(config, params)` builds the
+    optimizer (default: torch.optim's fused one)."""
     torch.set_num_threads(1)
     device = config["device"]
     params = [w.to(device, copy=True).requires_grad_(True) for w in weights]
     xs = [x.to(device) for x in xs]
     ys = [y.to(device) for y in ys]
-    optimizer = make_optimizer(config, params)
+    optimizer = (optimizer_factory or make_optimizer)(config, params)
     mode = config["scaler"]
     scaler = torch.amp.GradScaler(device, init_scale=config["init_scale"],
                                   growth_interval=config["growth_interval"],
@@ -151,6 +153,8 @@ def skipped_steps_change_nothing(config, weights, actual):
                 before = actual.get(f"{step - 1}/{name}")
             elif kind == "param":
                 before = weights[int(index)]
+            elif kind == "master_weight":  # a float32 copy of the parameter from the start
+                before = weights[int(index)].float()
             else:
                 before = torch.zeros_like(actual[key])
             if before is None or not same_bits(before, actual[key]):
@@ -163,12 +167,19 @@ def main(scenario, driver, workdir, device="cpu"):
     weights, xs, ys = make_inputs(dict(config, two_models=0, accumulate=1, data_scale=1.0))
     dtype = DTYPES[config["param_dtype"]]
     weights, xs, ys = ([t.to(dtype) for t in ts] for ts in (weights, xs, ys))
+    expected = run_reference(config, weights, xs, ys)
+    compare_runs(scenario, config, weights, xs, ys, expected, driver, workdir)
+
+
+def compare_runs(scenario, config, weights, xs, ys, expected, driver, workdir):
+    """Runs the C++ driver on the same inputs and compares its record with `expected`; exits 1
+    with the differences."""
+    device = config["device"]
     inputs = dict(config, weights=weights, xs=xs, ys=ys,
                   inject=torch.tensor(config["inject"], dtype=torch.int64).reshape(-1, 2),
                   lr_changes=torch.tensor(config["lr_changes"], dtype=torch.float64).reshape(-1, 3))
     inputs_path = os.path.join(workdir, "inputs.pt")
     torch.save(inputs, inputs_path)
-    expected = reference(config, weights, xs, ys)
 
     actual_path = os.path.join(workdir, "actual.pt")
     subprocess.run([driver, inputs_path, actual_path], check=True)

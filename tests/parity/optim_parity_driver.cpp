@@ -1,11 +1,13 @@
-// C++ twin of optim_parity.py's reference training: amp::optim's fused optimizers with
-// amp::GradScaler and amp::AutocastGuard, recording parameters and optimizer state every step.
+// C++ twin of optim_parity.py's and low_precision_parity.py's reference training: amp::optim's
+// fused optimizers (optionally in a low-precision mode) with amp::GradScaler and
+// amp::AutocastGuard, recording parameters and optimizer state every step.
 #include <torch/torch.h>
 
 #include <cmath>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,24 @@ std::vector<torch::optim::OptimizerParamGroup> make_groups(const std::vector<tor
   return groups;
 }
 
+// low_precision_parity.py's keys: "mode" (nearest, master, kahan, sr; absent: none),
+// "state_dtype" ("" for unset) and "seed".
+template <typename Options>
+Options low_precision(const Inputs& in, Options options) {
+  if (!in.has("mode")) return options;
+  const std::string mode = in.text("mode");
+  const std::string state = in.text("state_dtype");
+  if (!state.empty()) {
+    options.state_dtype(state == "float32"    ? torch::kFloat
+                        : state == "bfloat16" ? torch::kBFloat16
+                                              : torch::kHalf);
+  }
+  return options.master_weights(mode == "master")
+      .kahan_summation(mode == "kahan")
+      .stochastic_rounding(mode == "sr")
+      .rounding_seed(in.integer("seed"));
+}
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Inputs& in,
                                                         const std::vector<torch::Tensor>& params) {
   namespace optim = amp::optim;
@@ -42,19 +62,19 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Inputs& in,
   const double lr = in.real("lr");
   const double lr2 = in.real("lr2");
   if (kind == "sgd") {
-    auto options = optim::FusedSGDOptions(lr)
-                       .momentum(in.real("momentum"))
-                       .dampening(in.real("dampening"))
-                       .weight_decay(in.real("weight_decay"))
-                       .nesterov(in.integer("nesterov") != 0);
+    auto options = low_precision(in, optim::FusedSGDOptions(lr)
+                                         .momentum(in.real("momentum"))
+                                         .dampening(in.real("dampening"))
+                                         .weight_decay(in.real("weight_decay"))
+                                         .nesterov(in.integer("nesterov") != 0));
     return std::make_unique<optim::FusedSGD>(make_groups<optim::FusedSGDOptions>(params, lr2),
                                              options);
   }
   const auto adam = [&](auto options) {
-    return options.betas({in.real("beta1"), in.real("beta2")})
-        .eps(in.real("eps"))
-        .weight_decay(in.real("weight_decay"))
-        .amsgrad(in.integer("amsgrad") != 0);
+    return low_precision(in, options.betas({in.real("beta1"), in.real("beta2")})
+                                 .eps(in.real("eps"))
+                                 .weight_decay(in.real("weight_decay"))
+                                 .amsgrad(in.integer("amsgrad") != 0));
   };
   if (kind == "adam") {
     return std::make_unique<optim::FusedAdam>(make_groups<optim::FusedAdamOptions>(params, lr2),
@@ -84,9 +104,14 @@ void record(c10::impl::GenericDict& out, int64_t step, const std::vector<torch::
       put("exp_avg", i, adam->exp_avg());
       put("exp_avg_sq", i, adam->exp_avg_sq());
       put("max_exp_avg_sq", i, adam->max_exp_avg_sq());
+      put("master_weight", i, adam->master_weight());
+      put("kahan_comp", i, adam->kahan_comp());
     } else {
-      put("momentum_buffer", i,
-          static_cast<const amp::optim::FusedSGDParamState&>(*found->second).momentum_buffer());
+      const auto& sgd = static_cast<const amp::optim::FusedSGDParamState&>(*found->second);
+      put("momentum_buffer", i, sgd.momentum_buffer());
+      put("step", i, sgd.step());
+      put("master_weight", i, sgd.master_weight());
+      put("kahan_comp", i, sgd.kahan_comp());
     }
   }
 }
@@ -110,7 +135,8 @@ int main(int argc, char* argv[]) {
   }
   for (const auto& x : in.tensors("xs")) xs.push_back(x.to(device));
   for (const auto& y : in.tensors("ys")) ys.push_back(y.to(device));
-  const auto optimizer = make_optimizer(in, params);
+  auto optimizer = make_optimizer(in, params);
+  const int64_t resume_at = in.has("resume_at") ? in.integer("resume_at") : -1;
   amp::GradScaler scaler(device.type(), amp::GradScalerOptions()
                                             .init_scale(in.real("init_scale"))
                                             .growth_interval(in.integer("growth_interval"))
@@ -126,6 +152,14 @@ int main(int argc, char* argv[]) {
   auto out = c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
   for (int64_t step = 0; step < in.integer("steps"); ++step) {
     const std::string prefix = std::to_string(step) + "/";
+    if (step == resume_at) {
+      // A checkpoint round trip into a new optimizer: the run must continue as if uninterrupted.
+      std::ostringstream saved;
+      torch::save(*optimizer, saved);
+      optimizer = make_optimizer(in, params);
+      std::istringstream restored(saved.str());
+      torch::load(*optimizer, restored);
+    }
     for (int64_t i = 0; i < lr_changes.size(0); ++i) {
       if (lr_changes[i][0].item<double>() != static_cast<double>(step)) continue;
       optimizer->param_groups()[lr_changes[i][1].item<int64_t>()].options().set_lr(

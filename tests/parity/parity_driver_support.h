@@ -25,6 +25,7 @@ struct Inputs {
   double real(const std::string& key) const { return at(key).toDouble(); }
   int64_t integer(const std::string& key) const { return at(key).toInt(); }
   std::string text(const std::string& key) const { return at(key).toStringRef(); }
+  bool has(const std::string& key) const { return dict.contains(c10::IValue(key)); }
   std::vector<torch::Tensor> tensors(const std::string& key) const {
     std::vector<torch::Tensor> out;
     for (const auto& value : at(key).toList()) out.push_back(value.get().toTensor());

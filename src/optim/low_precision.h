@@ -1,0 +1,216 @@
+// The fused optimizers' low-precision options (master_weights, kahan_summation,
+// stochastic_rounding, state_dtype, rounding_seed), which the three options types share: their
+// checks, merging, checkpoint entries, and the plan they give a parameter of a given dtype.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include "optim/checkpoint.h"
+#include "optim/cpu/low_precision_kernels.h"
+
+namespace amp::optim::detail {
+
+/// How a parameter is updated when the low-precision options apply to it.
+struct LowPrecisionPlan {
+  WriteBack write_back;
+  c10::ScalarType state_dtype;
+};
+
+inline bool is_low_precision(c10::ScalarType dtype) {
+  return dtype == c10::kBFloat16 || dtype == c10::kHalf;
+}
+
+/// Whether any low-precision option is set.
+template <typename Options>
+bool wants_low_precision(const Options& o) {
+  return o.master_weights() || o.kahan_summation() || o.stochastic_rounding() ||
+         o.state_dtype().has_value();
+}
+
+/// The plan for a parameter of `dtype`, or nullopt when ATen's fused kernel updates it as before
+/// (float32/float64 parameters, or no low-precision option set).
+template <typename Options>
+std::optional<LowPrecisionPlan> low_precision_plan(const Options& o, c10::ScalarType dtype) {
+  if (!is_low_precision(dtype) || !wants_low_precision(o)) return std::nullopt;
+  WriteBack write_back = WriteBack::kRoundNearest;
+  if (o.master_weights()) write_back = WriteBack::kMasterWeights;
+  if (o.kahan_summation()) write_back = WriteBack::kKahan;
+  if (o.stochastic_rounding()) write_back = WriteBack::kStochastic;
+  const c10::ScalarType fallback = o.master_weights() ? c10::kFloat : dtype;
+  return LowPrecisionPlan{write_back, o.state_dtype().value_or(fallback)};
+}
+
+/// The dtype of a parameter's state tensors under `o`.
+template <typename Options>
+c10::ScalarType state_dtype_for(const Options& o, c10::ScalarType param_dtype) {
+  const auto plan = low_precision_plan(o, param_dtype);
+  return plan ? plan->state_dtype : param_dtype;
+}
+
+/// The options alone: at most one of the three write-backs; a state dtype amp's kernels store;
+/// no capturable (the modes run amp's own kernels, which CUDA graphs do not capture yet).
+template <typename Options>
+void check_low_precision_options(const Options& o, const std::string& where) {
+  const int modes = int{o.master_weights()} + int{o.kahan_summation()} +
+                    int{o.stochastic_rounding()};
+  TORCH_CHECK(modes <= 1, where, ": master_weights(", o.master_weights(), "), kahan_summation(",
+              o.kahan_summation(), ") and stochastic_rounding(", o.stochastic_rounding(),
+              ") are alternatives: each keeps the updates a low-precision parameter would lose "
+              "(an fp32 copy; a compensation buffer; unbiased rounding). Choose one.");
+  if (const auto dtype = o.state_dtype()) {
+    TORCH_CHECK(*dtype == c10::kFloat || *dtype == c10::kBFloat16 || *dtype == c10::kHalf, where,
+                ": state_dtype must be Float, BFloat16 or Half. Got state_dtype=", *dtype,
+                "; leave it unset for float32 with master weights and the parameter's dtype "
+                "otherwise.");
+  }
+  TORCH_CHECK(!o.capturable() || !wants_low_precision(o), where,
+              ": capturable(true) cannot be combined with master_weights, kahan_summation, "
+              "stochastic_rounding or state_dtype, which run amp's own kernels rather than "
+              "ATen's capturable ones; drop one of the two.");
+}
+
+/// The group's parameters against the options: a low-precision option needs at least one
+/// bfloat16/float16 parameter to act on, and stochastic rounding bfloat16 ones.
+template <typename Options>
+void check_low_precision_params(const Options& o, const std::vector<at::Tensor>& params,
+                                const std::string& where) {
+  if (!wants_low_precision(o)) return;
+  bool any_low = false;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const c10::ScalarType dtype = params[i].scalar_type();
+    any_low = any_low || is_low_precision(dtype);
+    TORCH_CHECK(!o.stochastic_rounding() || dtype != c10::kHalf, where, ": parameter ", i,
+                " is Half, but stochastic_rounding rounds to bfloat16 only (float16 has too few "
+                "exponent bits for the dither to stay unbiased near its range limits); use "
+                "kahan_summation or master_weights for float16 parameters.");
+    TORCH_CHECK(!o.stochastic_rounding() || params[i].numel() < (int64_t{1} << 32), where,
+                ": parameter ", i, " has ", params[i].numel(),
+                " elements, but stochastic rounding numbers elements with 32 bits; split it.");
+  }
+  TORCH_CHECK(params.empty() || any_low, where,
+              ": master_weights, kahan_summation, stochastic_rounding and state_dtype act on "
+              "bfloat16/float16 parameters, and this group has none (its parameters are ",
+              params[0].scalar_type(),
+              "); cast the model first (amp::to_low_precision) or drop these options.");
+}
+
+/// The low-precision fields of `merged`: each left at its constructor default takes `defaults`.
+template <typename Options>
+void merge_low_precision(Options& merged, const Options& group, const Options& fresh,
+                         const Options& defaults) {
+  const auto pick = [](const auto& value, const auto& fresh_value, const auto& default_value) {
+    return value == fresh_value ? default_value : value;
+  };
+  merged.master_weights(pick(group.master_weights(), fresh.master_weights(),
+                             defaults.master_weights()))
+      .kahan_summation(
+          pick(group.kahan_summation(), fresh.kahan_summation(), defaults.kahan_summation()))
+      .stochastic_rounding(pick(group.stochastic_rounding(), fresh.stochastic_rounding(),
+                                defaults.stochastic_rounding()))
+      .state_dtype(pick(group.state_dtype(), fresh.state_dtype(), defaults.state_dtype()))
+      .rounding_seed(pick(group.rounding_seed(), fresh.rounding_seed(), defaults.rounding_seed()));
+}
+
+template <typename Options>
+bool equal_low_precision(const Options& lhs, const Options& rhs) {
+  return lhs.master_weights() == rhs.master_weights() &&
+         lhs.kahan_summation() == rhs.kahan_summation() &&
+         lhs.stochastic_rounding() == rhs.stochastic_rounding() &&
+         lhs.state_dtype() == rhs.state_dtype() && lhs.rounding_seed() == rhs.rounding_seed();
+}
+
+/// Written after LibTorch's own entries (which LibTorch's optimizers read and ignore the rest).
+template <typename Options>
+void write_low_precision(const Options& o, torch::serialize::OutputArchive& archive) {
+  archive.write("master_weights", c10::IValue(o.master_weights()));
+  archive.write("kahan_summation", c10::IValue(o.kahan_summation()));
+  archive.write("stochastic_rounding", c10::IValue(o.stochastic_rounding()));
+  // -1: unset, else the ScalarType's number.
+  archive.write("state_dtype",
+                c10::IValue(o.state_dtype() ? static_cast<int64_t>(*o.state_dtype()) : -1));
+  archive.write("rounding_seed", c10::IValue(o.rounding_seed()));
+}
+
+/// Absent entries (checkpoints of LibTorch or of amp before these options) read as unset.
+template <typename Options>
+void read_low_precision(Options& o, torch::serialize::InputArchive& archive) {
+  o.master_weights(read_bool(archive, "master_weights", false, false))
+      .kahan_summation(read_bool(archive, "kahan_summation", false, false))
+      .stochastic_rounding(read_bool(archive, "stochastic_rounding", false, false));
+  const int64_t dtype = read_int(archive, "state_dtype", false, -1);
+  TORCH_CHECK(dtype == -1 || dtype == static_cast<int64_t>(c10::kFloat) ||
+                  dtype == static_cast<int64_t>(c10::kBFloat16) ||
+                  dtype == static_cast<int64_t>(c10::kHalf),
+              "the entry \"state_dtype\" is ", dtype,
+              ", not -1 (unset) or the number of Float, BFloat16 or Half");
+  o.state_dtype(dtype == -1 ? std::nullopt
+                            : std::optional<c10::ScalarType>(static_cast<c10::ScalarType>(dtype)));
+  o.rounding_seed(read_int(archive, "rounding_seed", false, 0));
+}
+
+/// Each parameter's position in its optimizer (groups in order, parameters in order): the stream
+/// of rounding bits it draws, stable across save and load. Counted on first use.
+class ParamPositions {
+ public:
+  explicit ParamPositions(const std::vector<torch::optim::OptimizerParamGroup>& groups)
+      : groups_(groups) {}
+  uint64_t of(const at::Tensor& param) const {
+    if (positions_.empty()) {
+      uint64_t next = 0;
+      for (const auto& group : groups_) {
+        for (const auto& p : group.params()) positions_.emplace(p.unsafeGetTensorImpl(), next++);
+      }
+    }
+    return positions_.at(param.unsafeGetTensorImpl());
+  }
+
+ private:
+  const std::vector<torch::optim::OptimizerParamGroup>& groups_;
+  mutable std::unordered_map<const void*, uint64_t> positions_;
+};
+
+/// The step's shared inputs for the kernels: the plan, the seed and the scaler's hand-over.
+template <typename Options>
+LowPrecisionStep low_precision_step(const Options& o, const LowPrecisionPlan& plan,
+                                    const std::optional<at::Tensor>& grad_scale,
+                                    const std::optional<at::Tensor>& found_inf) {
+  LowPrecisionStep step;
+  step.write_back = plan.write_back;
+  step.state_dtype = plan.state_dtype;
+  step.seed = static_cast<uint64_t>(o.rounding_seed());
+  if (grad_scale) step.grad_scale = *grad_scale;
+  if (found_inf) step.found_inf = *found_inf;
+  return step;
+}
+
+/// Checks that a low-precision step can run on `param` (CPU, contiguous), the parameter at
+/// `position` in the optimizer; throws a sentence starting with `where`.
+void check_low_precision_param(const at::Tensor& param, uint64_t position,
+                               const std::string& where);
+
+/// `saved` (a loaded state tensor) checked against `param` and copied to its device, as `dtype`,
+/// contiguous; undefined stays undefined. `key` names it in the error.
+at::Tensor loaded_state_tensor(const at::Tensor& saved, const at::Tensor& param,
+                               c10::ScalarType dtype, const char* key, const std::string& where);
+
+/// A state tensor for `param` in `dtype`: `current` when it already is one, else a conversion of
+/// it, else zeros (the first step).
+at::Tensor state_tensor(const at::Tensor& current, const at::Tensor& param, c10::ScalarType dtype);
+
+/// The master copy and compensation a parameter needs under `plan` (nullopt: neither): kept when
+/// present, created from the parameter (master) or as zeros (compensation), dropped otherwise.
+void fit_write_back_state(at::Tensor& master, at::Tensor& comp, const at::Tensor& param,
+                          const std::optional<LowPrecisionPlan>& plan);
+
+}  // namespace amp::optim::detail
