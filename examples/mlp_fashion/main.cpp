@@ -4,6 +4,7 @@
 // epoch that resumes exactly.
 #include <amp/autocast.h>
 #include <amp/grad_scaler.h>
+#include <amp/low_precision.h>
 #include <amp/optim.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -65,6 +66,28 @@ constexpr std::array kOptimizers = {
     OptimizerChoice{"fused-adamw", "FusedAdamW", true},
 };
 
+/// A value of --weights: the dtype the model's parameters are held in.
+struct WeightsChoice {
+  std::string_view name;
+  bool bf16;
+};
+
+constexpr std::array kWeights = {WeightsChoice{"fp32", false}, WeightsChoice{"bf16", true}};
+
+/// A value of --low-precision: how FusedAdamW keeps the updates bf16 weights would lose
+/// (amp::optim's master_weights, kahan_summation, stochastic_rounding; none: plain bf16).
+struct LowPrecisionChoice {
+  std::string_view name;
+  std::string_view label;
+};
+
+constexpr std::array kLowPrecision = {
+    LowPrecisionChoice{"none", "plain bf16"},
+    LowPrecisionChoice{"master", "fp32 master weights"},
+    LowPrecisionChoice{"kahan", "Kahan summation"},
+    LowPrecisionChoice{"sr", "stochastic rounding"},
+};
+
 /// The program's settings and their defaults.
 struct Settings {
   std::filesystem::path data_dir = "/usr/share/datasets/fashion-mnist";
@@ -76,6 +99,8 @@ struct Settings {
   // The fused one: as accurate as AdamW in every precision (examples/mlp_fashion/README.md) and
   // with the scaler it never synchronises in a step.
   OptimizerChoice optimizer = kOptimizers[1];  // fused-adamw
+  WeightsChoice weights = kWeights[0];                   // fp32
+  LowPrecisionChoice low_precision = kLowPrecision[0];  // none (only with --weights bf16)
   double lr = 1e-3;
   double weight_decay = 0.01;
   std::int64_t warmup_steps = 100;
@@ -143,9 +168,14 @@ std::pair<torch::Tensor, torch::Tensor> forward_loss(Mlp& model, const torch::Te
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tensor> parameters,
                                                         const Settings& settings) {
   if (settings.optimizer.fused) {
+    const std::string_view mode = settings.low_precision.name;
     return std::make_unique<amp::optim::FusedAdamW>(
-        std::move(parameters),
-        amp::optim::FusedAdamWOptions(settings.lr).weight_decay(settings.weight_decay));
+        std::move(parameters), amp::optim::FusedAdamWOptions(settings.lr)
+                                   .weight_decay(settings.weight_decay)
+                                   .master_weights(mode == "master")
+                                   .kahan_summation(mode == "kahan")
+                                   .stochastic_rounding(mode == "sr")
+                                   .rounding_seed(settings.seed));
   }
   return std::make_unique<torch::optim::AdamW>(
       std::move(parameters),
@@ -231,6 +261,8 @@ std::vector<amp_examples::CheckpointSetting> resume_keys(const Settings& setting
                                                          std::int64_t train_size) {
   return {{"precision", std::string(settings.precision.name)},
           {"--optimizer", std::string(settings.optimizer.name), std::string("adamw")},
+          {"--weights", std::string(settings.weights.name), std::string("fp32")},
+          {"--low-precision", std::string(settings.low_precision.name), std::string("none")},
           {"batch-size", settings.batch_size},
           {"accumulate", settings.accumulate},
           {"lr", settings.lr},
@@ -284,12 +316,17 @@ void run(const Settings& settings) {
       settings.precision.name, settings.precision.description, settings.device.name,
       settings.epochs, settings.batch_size, settings.accumulate, steps, settings.optimizer.label,
       settings.lr, settings.warmup_steps, settings.weight_decay, settings.clip, settings.seed);
+  if (settings.weights.bf16) {
+    fmt::print("weights: bf16, updates kept by {}\n", settings.low_precision.label);
+  }
 
   // The weights come from the seeded default generator on the CPU, then move, so every device
   // starts from the same model.
   torch::manual_seed(static_cast<std::uint64_t>(settings.seed));
   Mlp model;
   model->to(settings.device.type);
+  // bf16 weights (before the optimizer sees them); autocast then runs the forward pass in bf16.
+  if (settings.weights.bf16) amp::to_low_precision(*model, torch::kBFloat16);
   TrainingState state{
       model,
       make_optimizer(model->parameters(), settings),
@@ -368,6 +405,14 @@ amp_examples::CommandLine make_command_line(Settings& s) {
                          s.warmup_steps, 0);
   cli.add_positive_option("clip", "NORM", "largest gradient L2 norm per step", s.clip);
   cli.add_integer_option("seed", "N", "seed of the initialisation and the shuffling", s.seed, 0);
+  cli.add_choice_option("weights",
+                        "the parameters' dtype: fp32, or bf16 (needs --precision bf16 and, "
+                        "with --low-precision, --optimizer fused-adamw)",
+                        kWeights, s.weights);
+  cli.add_choice_option("low-precision",
+                        "with --weights bf16: how FusedAdamW keeps small updates (fp32 master "
+                        "weights, Kahan summation, stochastic rounding, or none)",
+                        kLowPrecision, s.low_precision);
   amp_examples::add_precision_option(cli, s.precision);
   amp_examples::add_device_option(cli, s.device);
   amp_examples::add_init_scale_option(cli, s.scaler);
@@ -383,11 +428,35 @@ amp_examples::CommandLine make_command_line(Settings& s) {
   return cli;
 }
 
+/// --weights and --low-precision against the other settings.
+void check_weights(const Settings& s) {
+  const bool low = s.low_precision.name != "none";
+  if (low && !s.weights.bf16) {
+    throw amp_examples::UsageError("--low-precision " + std::string(s.low_precision.name) +
+                                   " applies to bf16 weights; add --weights bf16.");
+  }
+  if (low && !s.optimizer.fused) {
+    throw amp_examples::UsageError("--low-precision " + std::string(s.low_precision.name) +
+                                   " is an option of amp's FusedAdamW; use --optimizer "
+                                   "fused-adamw.");
+  }
+  if (s.weights.bf16 && s.precision.name != "bf16") {
+    throw amp_examples::UsageError("--weights bf16 computes under bf16 autocast; use --precision "
+                                   "bf16 (got --precision " +
+                                   std::string(s.precision.name) + ").");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char* argv[]) {
   Settings settings;
   const amp_examples::CommandLine cli = make_command_line(settings);
   return amp_examples::run_program(
-      cli, argc, argv, [&] { settings.checkpoint.check(); }, [&] { run(settings); });
+      cli, argc, argv,
+      [&] {
+        settings.checkpoint.check();
+        check_weights(settings);
+      },
+      [&] { run(settings); });
 }

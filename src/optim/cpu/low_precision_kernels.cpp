@@ -85,51 +85,74 @@ inline uint16_t sr_bf16(float value, uint32_t bits) {
 
 // ---- the write-back, shared by both families ----
 
-template <typename P, WriteBack W>
-struct Writer {
-  typename P::Raw* param;
-  float* master;
-  typename P::Raw* comp;
-  uint64_t key;
+// The pointers one range works on. __restrict: no two alias (each is its own tensor), which lets
+// the compiler vectorise the element loops without run-time overlap checks.
+template <typename P, typename S>
+struct Pointers {
+  typename P::Raw* __restrict param;
+  typename P::Raw* __restrict grad;
+  float* __restrict master;
+  typename P::Raw* __restrict comp;
+  typename S::Raw* __restrict state0;
+  typename S::Raw* __restrict state1;
+  typename S::Raw* __restrict state2;
 
-  // The parameter's current value as the arithmetic reads it.
-  float read(int64_t i) const {
-    if constexpr (W == WriteBack::kMasterWeights) {
-      return master[i];
-    } else {
-      return P::load(param[i]);
-    }
-  }
-
-  // Applies `update` to element i whose value `w` read() returned.
-  void apply(int64_t i, float w, float update) const {
-    if constexpr (W == WriteBack::kMasterWeights) {
-      const float next = w + update;
-      master[i] = next;
-      param[i] = P::store(next);
-    } else if constexpr (W == WriteBack::kRoundNearest) {
-      param[i] = P::store(w + update);
-    } else if constexpr (W == WriteBack::kStochastic) {
-      static_assert(std::is_same_v<P, Bf16>, "stochastic rounding writes bfloat16 only");
-      param[i] = sr_bf16(w + update, element_bits(key, static_cast<uint32_t>(i)));
-    } else {
-      // Kahan: comp += update; old = param; param += comp; comp += old - param, each operation
-      // rounded to the parameter's dtype.
-      const float c = P::load(P::store(P::load(comp[i]) + update));
-      const typename P::Raw next = P::store(w + c);
-      const float lost = P::load(P::store(w - P::load(next)));
-      comp[i] = P::store(c + lost);
-      param[i] = next;
-    }
-  }
+  explicit Pointers(const LowPrecisionSlot& slot)
+      : param(data<P>(slot.param)),
+        grad(data<P>(slot.grad)),
+        master(data<F32>(slot.master)),
+        comp(data<P>(slot.comp)),
+        state0(data<S>(slot.state0)),
+        state1(data<S>(slot.state1)),
+        state2(data<S>(slot.state2)) {}
 };
+
+// The parameter's current value as the arithmetic reads it.
+template <typename P, WriteBack W, typename Ptr>
+inline float read_weight(const Ptr& p, int64_t i) {
+  if constexpr (W == WriteBack::kMasterWeights) {
+    return p.master[i];
+  } else {
+    return P::load(p.param[i]);
+  }
+}
+
+// Applies `update` to element i whose value `w` read_weight() returned.
+template <typename P, WriteBack W, typename Ptr>
+inline void apply_update(const Ptr& p, uint64_t key, int64_t i, float w, float update) {
+  if constexpr (W == WriteBack::kMasterWeights) {
+    const float next = w + update;
+    p.master[i] = next;
+    p.param[i] = P::store(next);
+  } else if constexpr (W == WriteBack::kRoundNearest) {
+    p.param[i] = P::store(w + update);
+  } else if constexpr (W == WriteBack::kStochastic) {
+    static_assert(std::is_same_v<P, Bf16>, "stochastic rounding writes bfloat16 only");
+    p.param[i] = sr_bf16(w + update, element_bits(key, static_cast<uint32_t>(i)));
+  } else {
+    // Kahan: comp += update; old = param; param += comp; comp += old - param, each operation
+    // rounded to the parameter's dtype.
+    const float c = P::load(P::store(P::load(p.comp[i]) + update));
+    const typename P::Raw next = P::store(w + c);
+    const float lost = P::load(P::store(w - P::load(next)));
+    p.comp[i] = P::store(c + lost);
+    p.param[i] = next;
+  }
+}
 
 // Float32 constants, each rounded once from its double value (the reference does the same).
 struct Scalars {
-  float scale = 1.0f;
+  float scale = 1.0f;  // 1 when the gradients are not scaled: dividing by it is exact
   bool unscale = false;
-  bool maximize = false;
+  float sign = 1.0f;   // -1 with maximize
 };
+
+// With a scale, the unscaled gradients are written back (as ATen's fused kernels do) in a pass of
+// their own, so that the update loop has no conditional store.
+template <typename P>
+void write_unscaled(typename P::Raw* __restrict grad, float scale, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) grad[i] = P::store(P::load(grad[i]) / scale);
+}
 
 // ---- Adam ----
 
@@ -142,36 +165,30 @@ struct AdamScalars : Scalars {
 template <typename P, typename S, WriteBack W, bool kAmsgrad>
 void adam_range(const LowPrecisionSlot& slot, const AdamScalars& c, uint64_t key, int64_t begin,
                 int64_t end) {
-  const Writer<P, W> out{data<P>(slot.param), data<F32>(slot.master), data<P>(slot.comp), key};
-  typename P::Raw* grad = data<P>(slot.grad);
-  typename S::Raw* exp_avg = data<S>(slot.state0);
-  typename S::Raw* exp_avg_sq = data<S>(slot.state1);
-  typename S::Raw* max_exp_avg_sq = data<S>(slot.state2);
+  const Pointers<P, S> p(slot);
   for (int64_t i = begin; i < end; ++i) {
-    float g = P::load(grad[i]);
-    if (c.unscale) {
-      g = g / c.scale;
-      grad[i] = P::store(g);
-    }
-    if (c.maximize) g = -g;
-    const float w = out.read(i);
-    if (c.l2) g = g + w * c.weight_decay;
+    // Selects rather than branches: the loop stays one straight line for the vectoriser.
+    float g = (P::load(p.grad[i]) / c.scale) * c.sign;
+    const float w = read_weight<P, W>(p, i);
+    g = c.l2 ? g + w * c.weight_decay : g;
     // The state is stored, and read back, in its own dtype before the update uses it.
-    const auto m_raw = S::store(S::load(exp_avg[i]) * c.beta1 + g * c.one_minus_beta1);
-    const auto v_raw = S::store(S::load(exp_avg_sq[i]) * c.beta2 + (g * g) * c.one_minus_beta2);
-    exp_avg[i] = m_raw;
-    exp_avg_sq[i] = v_raw;
+    const auto m_raw = S::store(S::load(p.state0[i]) * c.beta1 + g * c.one_minus_beta1);
+    const auto v_raw = S::store(S::load(p.state1[i]) * c.beta2 + (g * g) * c.one_minus_beta2);
+    p.state0[i] = m_raw;
+    p.state1[i] = v_raw;
     const float m = S::load(m_raw);
     float v = S::load(v_raw);
     if constexpr (kAmsgrad) {
-      v = std::max(S::load(max_exp_avg_sq[i]), v);
-      max_exp_avg_sq[i] = S::store(v);
+      const float before = S::load(p.state2[i]);
+      v = before < v ? v : before;
+      p.state2[i] = S::store(v);
     }
     const float denom = __builtin_sqrtf(v) / c.bias_correction2_sqrt + c.eps;
     float delta = (m / denom) * c.step_size;
-    if (c.decoupled) delta = delta + w * c.lr_weight_decay;
-    out.apply(i, w, -delta);
+    delta = c.decoupled ? delta + w * c.lr_weight_decay : delta;
+    apply_update<P, W>(p, key, i, w, -delta);
   }
+  if (c.unscale) write_unscaled<P>(p.grad, c.scale, begin, end);
 }
 
 // ---- SGD ----
@@ -184,28 +201,22 @@ struct SgdScalars : Scalars {
 template <typename P, typename S, WriteBack W, bool kMomentum>
 void sgd_range(const LowPrecisionSlot& slot, const SgdScalars& c, uint64_t key, int64_t begin,
                int64_t end) {
-  const Writer<P, W> out{data<P>(slot.param), data<F32>(slot.master), data<P>(slot.comp), key};
-  typename P::Raw* grad = data<P>(slot.grad);
-  typename S::Raw* buf = data<S>(slot.state0);
+  const Pointers<P, S> p(slot);
   for (int64_t i = begin; i < end; ++i) {
-    float g = P::load(grad[i]);
-    if (c.unscale) {
-      g = g / c.scale;
-      grad[i] = P::store(g);
-    }
-    if (c.maximize) g = -g;
-    const float w = out.read(i);
-    if (c.l2) g = g + w * c.weight_decay;
+    float g = (P::load(p.grad[i]) / c.scale) * c.sign;
+    const float w = read_weight<P, W>(p, i);
+    g = c.l2 ? g + w * c.weight_decay : g;
     float d = g;
     if constexpr (kMomentum) {
-      const auto b_raw =
-          S::store(c.first ? g : S::load(buf[i]) * c.momentum + g * c.one_minus_dampening);
-      buf[i] = b_raw;
+      const float continued = S::load(p.state0[i]) * c.momentum + g * c.one_minus_dampening;
+      const auto b_raw = S::store(c.first ? g : continued);
+      p.state0[i] = b_raw;
       const float b = S::load(b_raw);
       d = c.nesterov ? g + b * c.momentum : b;
     }
-    out.apply(i, w, -(d * c.lr));
+    apply_update<P, W>(p, key, i, w, -(d * c.lr));
   }
+  if (c.unscale) write_unscaled<P>(p.grad, c.scale, begin, end);
 }
 
 // ---- the pass over the list ----
@@ -243,7 +254,7 @@ double count_step(const LowPrecisionSlot& slot) {
 void fill_common(Scalars& c, const LowPrecisionStep& step, bool maximize) {
   c.unscale = step.grad_scale.defined();
   if (c.unscale) c.scale = *step.grad_scale.data_ptr<float>();
-  c.maximize = maximize;
+  c.sign = maximize ? -1.0f : 1.0f;
 }
 
 // Calls fn with the storage types and write-back as template arguments.

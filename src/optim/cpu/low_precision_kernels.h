@@ -1,8 +1,9 @@
 // The CPU kernels of the fused optimizers' low-precision modes: one pass per optimizer family over
 // a list of bfloat16/float16 parameters that unscales, updates the state and writes each value
 // back by round-to-nearest, from an fp32 master copy, through Kahan compensation, or by
-// stochastic rounding. The arithmetic is stated element by element in docs/GUIDE.md and mirrored
-// by tests/parity/low_precision_reference.py, which checks it bit for bit.
+// stochastic rounding. The arithmetic is stated element by element in
+// tests/parity/low_precision_reference.py (summarised in docs/GUIDE.md), which the parity suite
+// compares with this kernel bit for bit.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,151 @@
+// Low-precision weights on the CPU: bytes per parameter (from the tensors, and from peak RSS in
+// a process of its own) and optimizer step time of FusedAdamW on a 25M-parameter MLP, fp32
+// against bf16 with master weights, Kahan summation, stochastic rounding and plain bf16.
+//
+// Usage: amp_low_precision_bench time [rounds]   all modes side by side in one process
+//        amp_low_precision_bench rss MODE         one mode; peak RSS growth per parameter
+// MODE: fp32, master, kahan, sr, plain.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <amp/low_precision.h>
+#include <amp/optim.h>
+
+#include "bench_stats.h"
+
+namespace {
+
+using amp::optim::FusedAdamW;
+using amp::optim::FusedAdamWOptions;
+
+const std::vector<std::string> kModes = {"fp32", "master", "kahan", "sr", "plain"};
+
+// Bytes each step reads and writes per parameter (params, grads, state; the step counts aside).
+double bytes_moved(const std::string& mode) {
+  if (mode == "fp32") return 28;   // read p g m v (16), write p m v (12)
+  if (mode == "master") return 28; // read master g m v (14), write master p m v (14)
+  if (mode == "kahan") return 18;  // read p g m v c (10), write p m v c (8)
+  return 14;                       // sr, plain: read p g m v (8), write p m v (6)
+}
+
+// kB of the named line ("VmRSS:", "VmHWM:") of /proc/self/status.
+double status_kb(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) return std::stod(line.substr(key.size()));
+  }
+  return 0;
+}
+
+struct Setup {
+  std::string mode;
+  torch::nn::Sequential model{nullptr};
+  std::unique_ptr<FusedAdamW> optimizer;
+  int64_t params = 0;
+
+  explicit Setup(std::string m) : mode(std::move(m)) {
+    torch::manual_seed(0);
+    model = amp_bench::make_mlp({2048, 4096, 4096});
+    if (mode != "fp32") amp::to_low_precision(*model, torch::kBFloat16);
+    auto options = FusedAdamWOptions(1e-4)
+                       .master_weights(mode == "master")
+                       .kahan_summation(mode == "kahan")
+                       .stochastic_rounding(mode == "sr");
+    optimizer = std::make_unique<FusedAdamW>(model->parameters(), options);
+    for (auto& p : model->parameters()) {
+      params += p.numel();
+      // normal_ in the parameter's dtype: no float32 temporary in the peak.
+      p.mutable_grad() = torch::empty_like(p).normal_(0.0, 1e-3);
+    }
+  }
+
+  // Params + grads + optimizer state, from the tensors.
+  double tensor_bytes() const {
+    double bytes = 0;
+    for (const auto& p : model->parameters()) {
+      bytes += p.nbytes() + p.grad().nbytes();
+      const auto& s = static_cast<const amp::optim::FusedAdamParamState&>(
+          *optimizer->state().at(p.unsafeGetTensorImpl()));
+      for (const auto& t : {s.exp_avg(), s.exp_avg_sq(), s.master_weight(), s.kahan_comp()}) {
+        if (t.defined()) bytes += t.nbytes();
+      }
+    }
+    return bytes;
+  }
+
+  double step_seconds() {
+    const auto start = std::chrono::steady_clock::now();
+    optimizer->step();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
+// Copy bandwidth (read + write bytes per second) over 256 MiB, the ceiling a step can reach.
+double copy_bandwidth() {
+  auto src = torch::ones({64 << 20});
+  auto dst = torch::empty_like(src);
+  std::vector<double> t;
+  for (int i = 0; i < 9; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    dst.copy_(src);
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return 2.0 * src.nbytes() / amp_bench::median(t);
+}
+
+int time_modes(int rounds) {
+  std::vector<std::unique_ptr<Setup>> setups;
+  for (const auto& m : kModes) setups.push_back(std::make_unique<Setup>(m));
+  for (auto& s : setups) s->step_seconds();  // creates the state
+  std::vector<std::vector<double>> times(setups.size());
+  for (int r = 0; r < rounds; ++r) {  // interleaved, so noise hits every mode alike
+    for (size_t i = 0; i < setups.size(); ++i) times[i].push_back(setups[i]->step_seconds());
+  }
+  const double bandwidth = copy_bandwidth();
+  std::printf("FusedAdamW step, %lld parameters, %d threads, %d rounds; CPU: %s\n",
+              static_cast<long long>(setups[0]->params), torch::get_num_threads(), rounds,
+              amp_bench::cpu_model().c_str());
+  std::printf("copy bandwidth (read+write): %.2f GB/s\n", bandwidth / 1e9);
+  std::printf("%-7s %10s %14s %10s %12s %14s\n", "mode", "B/param", "median ms", "fp32/mode",
+              "moved B/p", "of bandwidth");
+  for (size_t i = 0; i < setups.size(); ++i) {
+    const auto ci = amp_bench::median_ci(times[i]);
+    const auto ratio = amp_bench::median(amp_bench::ratios(times[0], times[i]));
+    const double med = amp_bench::median(times[i]);
+    const double moved = bytes_moved(setups[i]->mode) * setups[i]->params;
+    std::printf("%-7s %10.2f %7.1f [%4.1f,%4.1f] %9.2fx %12.0f %13.0f%%\n",
+                setups[i]->mode.c_str(), setups[i]->tensor_bytes() / setups[i]->params,
+                med * 1e3, ci.first * 1e3, ci.second * 1e3, ratio,
+                bytes_moved(setups[i]->mode), 100.0 * moved / med / bandwidth);
+  }
+  return 0;
+}
+
+int peak_rss(const std::string& mode) {
+  const double before = status_kb("VmRSS:");
+  Setup setup(mode);
+  setup.step_seconds();
+  setup.step_seconds();
+  const double peak = status_kb("VmHWM:");
+  std::printf("%-7s tensors %.2f B/param, peak RSS growth %.2f B/param (%lld parameters)\n",
+              mode.c_str(), setup.tensor_bytes() / setup.params,
+              (peak - before) * 1024.0 / setup.params, static_cast<long long>(setup.params));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string what = argc > 1 ? argv[1] : "time";
+  if (what == "rss" && argc > 2) return peak_rss(argv[2]);
+  if (what == "time") return time_modes(argc > 2 ? std::stoi(argv[2]) : 15);
+  std::fprintf(stderr, "usage: amp_low_precision_bench time [rounds] | rss MODE\n");
+  return 2;
+}
