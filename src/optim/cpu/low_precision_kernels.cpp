@@ -302,6 +302,31 @@ void with_write_back(WriteBack write_back, const Fn& fn) {
   }
 }
 
+// One family's step: skip on the flag, count each slot's step, fill its constants
+// (`fill(scalars, slot, count)`), then run the element ranges of the instantiation
+// `pick_range(P{}, S{}, write-back constant)` returns.
+template <typename Scalars, typename Fill, typename PickRange>
+void run_family(const std::vector<LowPrecisionSlot>& slots, const LowPrecisionStep& step,
+                bool maximize, const Fill& fill, const PickRange& pick_range) {
+  if (slots.empty() || skipped(step)) return;
+  std::vector<Scalars> scalars(slots.size());
+  std::vector<uint64_t> keys(slots.size());
+  for (size_t k = 0; k < slots.size(); ++k) {
+    fill_common(scalars[k], step, maximize);
+    const double count = count_step(slots[k]);
+    fill(scalars[k], slots[k], count);
+    keys[k] = tensor_key(step.seed, slots[k].stream, static_cast<uint64_t>(count));
+  }
+  dispatch(slots[0].param.scalar_type(), step.state_dtype, step.write_back, [&](auto p, auto s) {
+    with_write_back<decltype(p)>(step.write_back, [&](auto w) {
+      const auto range = pick_range(p, s, w);
+      for_each_range(slots, [&](size_t k, int64_t begin, int64_t end) {
+        range(slots[k], scalars[k], keys[k], begin, end);
+      });
+    });
+  });
+}
+
 }  // namespace
 
 uint32_t rounding_bits(uint64_t seed, uint64_t stream, uint64_t step, uint64_t index) {
@@ -312,68 +337,48 @@ uint16_t stochastic_round_bf16(float value, uint32_t bits) { return sr_bf16(valu
 
 void adam_low_precision_cpu(const std::vector<LowPrecisionSlot>& slots, const AdamHyper& h,
                             const LowPrecisionStep& step) {
-  if (slots.empty() || skipped(step)) return;
-  std::vector<AdamScalars> scalars(slots.size());
-  std::vector<uint64_t> keys(slots.size());
-  for (size_t k = 0; k < slots.size(); ++k) {
-    AdamScalars& c = scalars[k];
-    fill_common(c, step, h.maximize);
-    const double count = count_step(slots[k]);
-    c.beta1 = static_cast<float>(h.beta1);
-    c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
-    c.beta2 = static_cast<float>(h.beta2);
-    c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
-    c.eps = static_cast<float>(h.eps);
-    c.weight_decay = static_cast<float>(h.weight_decay);
-    c.lr_weight_decay = static_cast<float>(h.lr * h.weight_decay);
-    c.step_size = static_cast<float>(h.lr / (1.0 - std::pow(h.beta1, count)));
-    c.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(h.beta2, count)));
-    c.l2 = !h.decoupled && h.weight_decay != 0.0;
-    c.decoupled = h.decoupled && h.weight_decay != 0.0;
-    keys[k] = tensor_key(step.seed, slots[k].stream, static_cast<uint64_t>(count));
-  }
-  dispatch(slots[0].param.scalar_type(), step.state_dtype, step.write_back, [&](auto p, auto s) {
-    using P = decltype(p);
-    using S = decltype(s);
-    with_write_back<P>(step.write_back, [&](auto w) {
-      constexpr WriteBack W = decltype(w)::value;
-      const auto range = h.amsgrad ? adam_range<P, S, W, true> : adam_range<P, S, W, false>;
-      for_each_range(slots, [&](size_t k, int64_t begin, int64_t end) {
-        range(slots[k], scalars[k], keys[k], begin, end);
+  run_family<AdamScalars>(
+      slots, step, h.maximize,
+      [&](AdamScalars& c, const LowPrecisionSlot&, double count) {
+        c.beta1 = static_cast<float>(h.beta1);
+        c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+        c.beta2 = static_cast<float>(h.beta2);
+        c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+        c.eps = static_cast<float>(h.eps);
+        c.weight_decay = static_cast<float>(h.weight_decay);
+        c.lr_weight_decay = static_cast<float>(h.lr * h.weight_decay);
+        c.step_size = static_cast<float>(h.lr / (1.0 - std::pow(h.beta1, count)));
+        c.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(h.beta2, count)));
+        c.l2 = !h.decoupled && h.weight_decay != 0.0;
+        c.decoupled = h.decoupled && h.weight_decay != 0.0;
+      },
+      [&](auto p, auto s, auto w) {
+        using P = decltype(p);
+        using S = decltype(s);
+        constexpr WriteBack W = decltype(w)::value;
+        return h.amsgrad ? adam_range<P, S, W, true> : adam_range<P, S, W, false>;
       });
-    });
-  });
 }
 
 void sgd_low_precision_cpu(const std::vector<LowPrecisionSlot>& slots, const SgdHyper& h,
                            const LowPrecisionStep& step) {
-  if (slots.empty() || skipped(step)) return;
-  std::vector<SgdScalars> scalars(slots.size());
-  std::vector<uint64_t> keys(slots.size());
-  for (size_t k = 0; k < slots.size(); ++k) {
-    SgdScalars& c = scalars[k];
-    fill_common(c, step, h.maximize);
-    const double count = count_step(slots[k]);
-    c.lr = static_cast<float>(h.lr);
-    c.momentum = static_cast<float>(h.momentum);
-    c.one_minus_dampening = static_cast<float>(1.0 - h.dampening);
-    c.weight_decay = static_cast<float>(h.weight_decay);
-    c.l2 = h.weight_decay != 0.0;
-    c.nesterov = h.nesterov;
-    c.first = slots[k].first_momentum;
-    keys[k] = tensor_key(step.seed, slots[k].stream, static_cast<uint64_t>(count));
-  }
-  dispatch(slots[0].param.scalar_type(), step.state_dtype, step.write_back, [&](auto p, auto s) {
-    using P = decltype(p);
-    using S = decltype(s);
-    with_write_back<P>(step.write_back, [&](auto w) {
-      constexpr WriteBack W = decltype(w)::value;
-      const auto range = h.momentum != 0.0 ? sgd_range<P, S, W, true> : sgd_range<P, S, W, false>;
-      for_each_range(slots, [&](size_t k, int64_t begin, int64_t end) {
-        range(slots[k], scalars[k], keys[k], begin, end);
+  run_family<SgdScalars>(
+      slots, step, h.maximize,
+      [&](SgdScalars& c, const LowPrecisionSlot& slot, double) {
+        c.lr = static_cast<float>(h.lr);
+        c.momentum = static_cast<float>(h.momentum);
+        c.one_minus_dampening = static_cast<float>(1.0 - h.dampening);
+        c.weight_decay = static_cast<float>(h.weight_decay);
+        c.l2 = h.weight_decay != 0.0;
+        c.nesterov = h.nesterov;
+        c.first = slot.first_momentum;
+      },
+      [&](auto p, auto s, auto w) {
+        using P = decltype(p);
+        using S = decltype(s);
+        constexpr WriteBack W = decltype(w)::value;
+        return h.momentum != 0.0 ? sgd_range<P, S, W, true> : sgd_range<P, S, W, false>;
       });
-    });
-  });
 }
 
 }  // namespace amp::optim::detail
