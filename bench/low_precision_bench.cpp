@@ -1,9 +1,9 @@
-// Low-precision weights on the CPU: bytes per parameter (from the tensors, and from peak RSS in
-// a process of its own) and optimizer step time of FusedAdamW on a 25M-parameter MLP, fp32
-// against bf16 with master weights, Kahan summation, stochastic rounding and plain bf16.
+// Low-precision weights: bytes per parameter (from the tensors, and on the CPU from peak RSS in a
+// process of its own) and optimizer step time of FusedAdamW on a 25M-parameter MLP, fp32 against
+// bf16 with master weights, Kahan summation, stochastic rounding and plain bf16.
 //
-// Usage: amp_low_precision_bench time [rounds]   all modes side by side in one process
-//        amp_low_precision_bench rss MODE         one mode; peak RSS growth per parameter
+// Usage: amp_low_precision_bench time [rounds] [cpu|cuda]   all modes side by side, one process
+//        amp_low_precision_bench rss MODE                     one mode; peak RSS growth per param
 // MODE: fp32, master, kahan, sr, plain.
 #include <torch/torch.h>
 
@@ -50,9 +50,12 @@ struct Setup {
   std::unique_ptr<FusedAdamW> optimizer;
   int64_t params = 0;
 
-  explicit Setup(std::string m) : mode(std::move(m)) {
+  torch::Device device;
+
+  Setup(std::string m, torch::Device d) : mode(std::move(m)), device(d) {
     torch::manual_seed(0);
     model = amp_bench::make_mlp({2048, 4096, 4096});
+    model->to(device);
     if (mode != "fp32") amp::to_low_precision(*model, torch::kBFloat16);
     auto options = FusedAdamWOptions(1e-4)
                        .master_weights(mode == "master")
@@ -81,37 +84,41 @@ struct Setup {
   }
 
   double step_seconds() {
+    if (device.is_cuda()) torch::cuda::synchronize();
     const auto start = std::chrono::steady_clock::now();
     optimizer->step();
+    if (device.is_cuda()) torch::cuda::synchronize();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 };
 
 // Copy bandwidth (read + write bytes per second) over 256 MiB, the ceiling a step can reach.
-double copy_bandwidth() {
-  auto src = torch::ones({64 << 20});
+double copy_bandwidth(torch::Device device) {
+  auto src = torch::ones({64 << 20}, device);
   auto dst = torch::empty_like(src);
   std::vector<double> t;
   for (int i = 0; i < 9; ++i) {
+    if (device.is_cuda()) torch::cuda::synchronize();
     const auto start = std::chrono::steady_clock::now();
     dst.copy_(src);
+    if (device.is_cuda()) torch::cuda::synchronize();
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return 2.0 * src.nbytes() / amp_bench::median(t);
 }
 
-int time_modes(int rounds) {
+int time_modes(int rounds, torch::Device device) {
   std::vector<std::unique_ptr<Setup>> setups;
-  for (const auto& m : kModes) setups.push_back(std::make_unique<Setup>(m));
+  for (const auto& m : kModes) setups.push_back(std::make_unique<Setup>(m, device));
   for (auto& s : setups) s->step_seconds();  // creates the state
   std::vector<std::vector<double>> times(setups.size());
   for (int r = 0; r < rounds; ++r) {  // interleaved, so noise hits every mode alike
     for (size_t i = 0; i < setups.size(); ++i) times[i].push_back(setups[i]->step_seconds());
   }
-  const double bandwidth = copy_bandwidth();
-  std::printf("FusedAdamW step, %lld parameters, %d threads, %d rounds; CPU: %s\n",
-              static_cast<long long>(setups[0]->params), torch::get_num_threads(), rounds,
-              amp_bench::cpu_model().c_str());
+  const double bandwidth = copy_bandwidth(device);
+  std::printf("FusedAdamW step on %s, %lld parameters, %d threads, %d rounds; CPU: %s\n",
+              device.str().c_str(), static_cast<long long>(setups[0]->params),
+              torch::get_num_threads(), rounds, amp_bench::cpu_model().c_str());
   std::printf("copy bandwidth (read+write): %.2f GB/s\n", bandwidth / 1e9);
   std::printf("%-7s %10s %14s %10s %12s %14s\n", "mode", "B/param", "median ms", "fp32/mode",
               "moved B/p", "of bandwidth");
@@ -130,7 +137,7 @@ int time_modes(int rounds) {
 
 int peak_rss(const std::string& mode) {
   const double before = status_kb("VmRSS:");
-  Setup setup(mode);
+  Setup setup(mode, torch::kCPU);
   setup.step_seconds();
   setup.step_seconds();
   const double peak = status_kb("VmHWM:");
@@ -145,7 +152,15 @@ int peak_rss(const std::string& mode) {
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "time";
   if (what == "rss" && argc > 2) return peak_rss(argv[2]);
-  if (what == "time") return time_modes(argc > 2 ? std::stoi(argv[2]) : 15);
-  std::fprintf(stderr, "usage: amp_low_precision_bench time [rounds] | rss MODE\n");
+  if (what == "time") {
+    const bool cuda = argc > 3 && std::string(argv[3]) == "cuda";
+    if (cuda && !torch::cuda::is_available()) {
+      std::fprintf(stderr, "amp_low_precision_bench: no CUDA device\n");
+      return 77;
+    }
+    return time_modes(argc > 2 ? std::stoi(argv[2]) : 15, cuda ? torch::Device(torch::kCUDA)
+                                                               : torch::Device(torch::kCPU));
+  }
+  std::fprintf(stderr, "usage: amp_low_precision_bench time [rounds] [cpu|cuda] | rss MODE\n");
   return 2;
 }

@@ -129,7 +129,8 @@ FusedAdamParamState& low_precision_state_for(StateMap& states, const at::Tensor&
   auto& slot = states[param.unsafeGetTensorImpl()];
   if (!slot) slot = std::make_unique<FusedAdamParamState>();
   auto& state = static_cast<FusedAdamParamState&>(*slot);
-  if (!state.step().defined()) state.step(at::zeros({}, at::TensorOptions().dtype(at::kFloat)));
+  // On the parameter's device: the CUDA kernels count steps there, with no host read.
+  if (!state.step().defined()) state.step(at::zeros({}, param.options().dtype(at::kFloat)));
   const c10::ScalarType dtype = plan.state_dtype;
   state.exp_avg(detail::state_tensor(state.exp_avg(), param, dtype));
   state.exp_avg_sq(detail::state_tensor(state.exp_avg_sq(), param, dtype));
@@ -140,7 +141,7 @@ FusedAdamParamState& low_precision_state_for(StateMap& states, const at::Tensor&
   return state;
 }
 
-// One dtype bucket of low-precision parameters through amp's CPU kernel.
+// One dtype bucket of low-precision parameters through amp's kernels.
 template <typename AdamOptions>
 void adam_low_precision(StateMap& states, const AdamOptions& o, bool decoupled,
                         const detail::LowPrecisionPlan& plan, const std::vector<at::Tensor>& params,
@@ -164,7 +165,7 @@ void adam_low_precision(StateMap& states, const AdamOptions& o, bool decoupled,
     slots.push_back(std::move(slot));
   }
   const auto [beta1, beta2] = o.betas();
-  detail::adam_low_precision_cpu(
+  detail::adam_low_precision(
       slots,
       detail::AdamHyper{o.lr(), beta1, beta2, o.eps(), o.weight_decay(), o.amsgrad(),
                         o.maximize(), decoupled},

@@ -182,7 +182,7 @@ void FusedSGD::step_low_precision(size_t group_index, const FusedSGDOptions& o,
     auto& entry = state_[param.unsafeGetTensorImpl()];
     if (!entry) entry = std::make_unique<FusedSGDParamState>();
     auto& state = static_cast<FusedSGDParamState&>(*entry);
-    if (!state.step().defined()) state.step(at::zeros({}, at::TensorOptions().dtype(at::kFloat)));
+    if (!state.step().defined()) state.step(at::zeros({}, param.options().dtype(at::kFloat)));
     detail::LowPrecisionSlot slot;
     // A new buffer starts at zeros (as on the ATen path): a skipped first step leaves zeros.
     slot.first_momentum = o.momentum() != 0.0 && !state.momentum_buffer().defined();
@@ -201,7 +201,7 @@ void FusedSGD::step_low_precision(size_t group_index, const FusedSGDOptions& o,
     slot.stream = positions.of(param);
     slots.push_back(std::move(slot));
   }
-  detail::sgd_low_precision_cpu(
+  detail::sgd_low_precision(
       slots,
       detail::SgdHyper{o.lr(), o.momentum(), o.dampening(), o.weight_decay(), o.nesterov(),
                        o.maximize()},
@@ -228,7 +228,7 @@ std::unique_ptr<FusedSGDParamState> FusedSGD::loaded_state(const at::Tensor& par
     TORCH_CHECK(std::isfinite(value) && value >= 0 && value == std::floor(value), where,
                 " has a step count of ", value,
                 "; a count is a whole number >= 0. The optimizer is unchanged.");
-    state->step(count.reshape({}).to(at::kFloat).clone());
+    state->step(count.reshape({}).to(param.device(), at::kFloat, false, /*copy=*/true));
   }
   if (plan->write_back == detail::WriteBack::kMasterWeights) {
     state->master_weight(detail::loaded_state_tensor(saved.master_weight(), param, at::kFloat,

@@ -194,7 +194,13 @@ LowPrecisionStep low_precision_step(const Options& o, const LowPrecisionPlan& pl
   return step;
 }
 
-/// Checks that a low-precision step can run on `param` (CPU, contiguous), the parameter at
+/// The step of each family on the device of the slots' parameters (one device, one dtype).
+void adam_low_precision(const std::vector<LowPrecisionSlot>& slots, const AdamHyper& hyper,
+                        const LowPrecisionStep& step);
+void sgd_low_precision(const std::vector<LowPrecisionSlot>& slots, const SgdHyper& hyper,
+                       const LowPrecisionStep& step);
+
+/// Checks that a low-precision step can run on `param` (CPU or, built with CUDA, CUDA; contiguous), the parameter at
 /// `position` in the optimizer; throws a sentence starting with `where`.
 void check_low_precision_param(const at::Tensor& param, uint64_t position,
                                const std::string& where);

@@ -217,6 +217,31 @@ TEST_CASE("A float16 transfer that overflows makes every rank skip; bfloat16 doe
   }
 }
 
+TEST_CASE("bf16 weights with master copies, Kahan or stochastic rounding train alike on every rank",
+          "[distributed][low_precision]") {
+  const int world = GENERATE(2, 3);
+  const std::string mode = GENERATE("master", "kahan", "sr");
+  CAPTURE(world, mode);
+  const auto results = run_ranks({"low_precision", mode}, world);
+  require_all_succeeded(results);
+  INFO(describe(results));
+  for (const auto& r : results) {
+    // The gradients were averaged in the parameters' dtype, and the parameters stayed bf16.
+    CHECK(r.at("grad_dtype") == "BFloat16");
+    CHECK(r.at("param_dtype") == "BFloat16");
+    CHECK(r.at("step1.found_inf") == bits(0.0f));
+    CHECK(r.at("step3.found_inf") == bits(1.0f));  // rank 1's NaN, seen by every rank
+    CHECK(r.at("step2.params") != r.at("step1.params"));
+    CHECK(r.at("step3.params") == r.at("step2.params"));  // skipped everywhere
+    CHECK(r.at("step4.params") != r.at("step3.params"));
+    // Same averaged gradients, same seed and positions: the same bits on every rank, state too.
+    for (const char* key : {"step1.params", "step4.params", "state"}) {
+      CHECK(r.at(key) == results[0].at(key));
+    }
+    CHECK(r.at("host_reads") == "0");
+  }
+}
+
 TEST_CASE("Scalers configured differently across ranks are refused on every rank",
           "[distributed]") {
   const auto results = run_ranks({"options_differ"}, 3);

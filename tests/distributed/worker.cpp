@@ -160,6 +160,57 @@ void overflow(const dist::TorchrunEnv& env, const std::string& comm) {
   print("params", hex(w));
 }
 
+// bf16 parameters trained by FusedAdamW in a low-precision mode (master, kahan or sr) on each
+// rank's own data: GradientAllReduce averages the bf16 gradients in their dtype, and in step 3
+// rank 1 alone sees an inf after the all-reduce, so the synced flag must make every rank skip.
+void low_precision(const dist::TorchrunEnv& env, const std::string& mode) {
+  auto group = dist::init_gloo_from_torchrun(group_options());
+  amp::GradScaler scaler(c10::DeviceType::CPU,
+                         amp::GradScalerOptions().found_inf_sync(dist::found_inf_sync(group)));
+  at::manual_seed(3);
+  std::vector<at::Tensor> params{at::randn({64}).to(at::kBFloat16).requires_grad_(),
+                                 at::randn({8, 8}).to(at::kBFloat16).requires_grad_()};
+  amp::optim::FusedAdamW opt(params, amp::optim::FusedAdamWOptions(1e-2)
+                                         .weight_decay(0.01)
+                                         .master_weights(mode == "master")
+                                         .kahan_summation(mode == "kahan")
+                                         .stochastic_rounding(mode == "sr")
+                                         .rounding_seed(5));
+  dist::GradientAllReduce reducer(params, group);
+  int64_t host_reads = 0;
+  for (int step = 1; step <= 4; ++step) {
+    opt.zero_grad();
+    at::manual_seed(100 + 10 * step + env.rank);  // each rank its own data
+    at::Tensor loss = at::zeros({}, at::kFloat);
+    for (const auto& p : params) loss = loss + (p.to(at::kFloat) * at::randn(p.sizes())).sum();
+    scaler.scale(loss).backward();
+    reducer.all_reduce_();
+    if (step == 3 && env.rank == 1) params[1].mutable_grad()[2][5].fill_(NAN);
+    amp::StepResult result;
+    {
+      amp_test::HostReadRecorder recorder;
+      result = scaler.step(opt);
+      scaler.update();
+      host_reads += static_cast<int64_t>(recorder.reads().size());
+    }
+    const std::string key = "step" + std::to_string(step);
+    print(key + ".found_inf", hex(result.found_inf));
+    print(key + ".params", hex(params[0]) + ";" + hex(params[1]));
+  }
+  print("grad_dtype", std::string(c10::toString(params[0].grad().scalar_type())));
+  print("param_dtype", std::string(c10::toString(params[0].scalar_type())));
+  std::string state;
+  for (const auto& p : params) {
+    const auto& s = static_cast<const amp::optim::FusedAdamParamState&>(
+        *opt.state().at(p.unsafeGetTensorImpl()));
+    state += hex(s.exp_avg()) + ";" + hex(s.step()) + ";";
+    if (s.master_weight().defined()) state += hex(s.master_weight()) + ";";
+    if (s.kahan_comp().defined()) state += hex(s.kahan_comp()) + ";";
+  }
+  print("state", state);
+  print("host_reads", std::to_string(host_reads));
+}
+
 // The last rank's scaler has another growth_interval.
 void options_differ(const dist::TorchrunEnv& env) {
   auto group = dist::init_gloo_from_torchrun(group_options());
@@ -290,12 +341,15 @@ int main(int argc, char** argv) {
       stalls(env);
     } else if (scenario == "ddp_parity" && args.size() == 3) {
       ddp_parity(env, args[1], args[2]);
+    } else if (scenario == "low_precision" && args.size() == 2) {
+      low_precision(env, args[1]);
     } else if (scenario == "join") {
       join();
     } else {
       std::fprintf(stderr,
                    "usage: amp_distributed_worker "
-                   "skip|all_reduce|overflow|options_differ|dies|stalls|ddp_parity|join ...\n");
+                   "skip|all_reduce|overflow|options_differ|dies|stalls|ddp_parity|low_precision|join "
+                   "...\n");
       return 64;
     }
   } catch (const c10::Error& error) {

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -15,6 +16,7 @@
 #include <amp/low_precision.h>
 #include <amp/optim.h>
 
+#include "optim/low_precision_element.h"
 #include "support/host_reads.h"
 #include "support/optim_helpers.h"
 
@@ -314,4 +316,59 @@ TEST_CASE("bf16 weights under bf16 autocast train with master weights", "[optim]
     (k == 0 ? first : last) = loss.item<double>();
   }
   CHECK(last < 0.2 * first);
+}
+
+TEST_CASE("The kernels' float16 and bfloat16 conversions give c10's bits", "[optim][low_precision]") {
+  namespace lp = amp::optim::detail::lp;
+  const auto bits = [](float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, sizeof(u));
+    return u;
+  };
+  // Loads: every one of the 65,536 patterns, subnormals, infinities and NaN payloads included.
+  int load_differences = 0;
+  for (uint32_t raw = 0; raw <= 0xFFFFu; ++raw) {
+    const auto h = static_cast<uint16_t>(raw);
+    const bool same =
+        bits(lp::F16::load(h)) == bits(static_cast<float>(c10::Half(h, c10::Half::from_bits()))) &&
+        bits(lp::Bf16::load(h)) ==
+            bits(static_cast<float>(c10::BFloat16(h, c10::BFloat16::from_bits())));
+    load_differences += same ? 0 : 1;
+  }
+  CHECK(load_differences == 0);
+  // Stores: a stride through all float32 patterns (both signs, every exponent), and the values
+  // either side of each float16 rounding boundary (overflow at 65520, the subnormal range).
+  std::vector<float> values;
+  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 4093) {
+    float v;
+    const auto u32 = static_cast<uint32_t>(u);
+    std::memcpy(&v, &u32, sizeof(v));
+    values.push_back(v);
+  }
+  for (float edge : {65504.0f, 65519.996f, 65520.0f, 65536.0f, 6.1035156e-05f, 5.9604645e-08f,
+                     2.9802322e-08f, 2.9802326e-08f, 8.940697e-08f, 0.0f, 1.0f + 1.0f / 2048.0f,
+                     std::numeric_limits<float>::infinity(), std::numeric_limits<float>::max()}) {
+    for (float v : {edge, std::nextafter(edge, 0.0f), std::nextafter(edge, 1e30f)}) {
+      values.push_back(v);
+      values.push_back(-v);
+    }
+  }
+  // Compared in bulk: the first disagreement, if any, is reported with its input.
+  std::string first_difference;
+  for (float v : values) {
+    const bool nan = std::isnan(v);
+    const uint16_t want_half = nan ? static_cast<uint16_t>((bits(v) >> 16 & 0x8000u) | 0x7E00u)
+                                   : c10::Half(v).x;
+    const uint16_t want_bf16 = nan ? uint16_t{0x7FC0} : c10::BFloat16(v).x;
+    if (first_difference.empty() &&
+        (lp::F16::store(v) != want_half || lp::Bf16::store(v) != want_bf16)) {
+      std::ostringstream out;
+      out << "value " << v << " (0x" << std::hex << bits(v) << "): float16 0x"
+          << lp::F16::store(v) << " vs 0x" << want_half << ", bfloat16 0x" << lp::Bf16::store(v)
+          << " vs 0x" << want_bf16;
+      first_difference = out.str();
+    }
+  }
+  CHECK(values.size() > 1000000);
+  CHECK(first_difference == "");  // on failure Catch2 prints the difference
 }

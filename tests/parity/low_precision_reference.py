@@ -50,9 +50,10 @@ def rounding_bits(seed, stream, step, count):
 
 def stochastic_round_bf16(value, bits):
     """float32 tensor -> bfloat16 tensor: add `bits` (uint32 array) to the low half, truncate."""
-    raw = value.contiguous().numpy().view(np.uint32).reshape(-1).astype(np.uint64) + bits
+    raw = value.contiguous().cpu().numpy().view(np.uint32).reshape(-1).astype(np.uint64) + bits
     top = (raw >> np.uint64(16)).astype(np.uint16)
-    return torch.from_numpy(top.view(np.int16).copy()).view(torch.bfloat16).reshape(value.shape)
+    rounded = torch.from_numpy(top.view(np.int16).copy()).view(torch.bfloat16)
+    return rounded.reshape(value.shape).to(value.device)
 
 
 def k(value, like):
@@ -121,7 +122,7 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         state = self.state[p]
         if not state:
             state["step"] = torch.zeros((), dtype=torch.float32)
-            zeros = lambda: torch.zeros(p.shape, dtype=self.state_dtype)  # noqa: E731
+            zeros = lambda: torch.zeros(p.shape, dtype=self.state_dtype, device=p.device)  # noqa: E731
             if self.kind == "sgd":
                 if group["momentum"] != 0:
                     state["momentum_buffer"] = zeros()

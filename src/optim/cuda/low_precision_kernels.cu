@@ -1,0 +1,166 @@
+// The low-precision optimizer kernels on CUDA: each block updates one chunk of one parameter with
+// the element arithmetic the CPU uses (low_precision_element.h; this file is built with
+// --fmad=false so the bits agree), skipping on the scaler's flag without a host read.
+#include "optim/cuda/low_precision_kernels.cuh"
+
+#include <type_traits>
+
+namespace amp::optim::detail::cuda {
+namespace {
+
+template <typename P, typename S>
+__device__ lp::Pointers<P, S> typed(const LowPrecisionTensor& t) {
+  return {static_cast<typename P::Raw*>(t.param), static_cast<typename P::Raw*>(t.grad), t.master,
+          static_cast<typename P::Raw*>(t.comp),  static_cast<typename S::Raw*>(t.state0),
+          static_cast<typename S::Raw*>(t.state1), static_cast<typename S::Raw*>(t.state2)};
+}
+
+// Thread 0 works out the block's constants once; the others read them from shared memory.
+template <typename Scalars, typename Make>
+__device__ Scalars block_scalars(const Make& make) {
+  __shared__ Scalars shared;
+  if (threadIdx.x == 0) shared = make();
+  __syncthreads();
+  return shared;
+}
+
+// Runs element(p, scalars, key, i) over the block's chunk, then writes the unscaled gradient.
+template <typename P, typename S, typename Scalars, typename Element>
+__device__ void run_chunk(const LowPrecisionMeta& meta, const LowPrecisionArgs& args,
+                          const Scalars& c, float count, const Element& element) {
+  const LowPrecisionTensor& t = meta.tensor[meta.block_tensor[blockIdx.x]];
+  const lp::Pointers<P, S> p = typed<P, S>(t);
+  const uint64_t key = lp::tensor_key(args.seed, t.stream, static_cast<uint64_t>(count));
+  const int64_t begin = static_cast<int64_t>(meta.block_chunk[blockIdx.x]) * kLowPrecisionChunkElems;
+  const int64_t end =
+      t.numel - begin < kLowPrecisionChunkElems ? t.numel : begin + kLowPrecisionChunkElems;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    element(p, c, key, i);
+    if (args.grad_scale != nullptr) p.grad[i] = P::store(P::load(p.grad[i]) / c.scale);
+  }
+}
+
+bool __device__ skipped(const LowPrecisionArgs& args) {
+  return args.found_inf != nullptr && *args.found_inf != 0.0f;
+}
+
+float __device__ scale_of(const LowPrecisionArgs& args) {
+  return args.grad_scale != nullptr ? *args.grad_scale : 1.0f;
+}
+
+template <typename P, typename S, WriteBack W, bool kFlag>
+__global__ void __launch_bounds__(kLowPrecisionThreads)
+    adam_kernel(const __grid_constant__ LowPrecisionMeta meta, const AdamHyper hyper,
+                const LowPrecisionArgs args) {
+  if (skipped(args)) return;
+  const LowPrecisionTensor& t = meta.tensor[meta.block_tensor[blockIdx.x]];
+  const float count = *t.step + 1.0f;
+  const AdamScalars c = block_scalars<AdamScalars>(
+      [&] { return lp::adam_scalars(hyper, count, scale_of(args)); });
+  run_chunk<P, S>(meta, args, c, count, [](const auto& p, const auto& c, uint64_t key, int64_t i) {
+    lp::adam_element<P, S, W, kFlag>(p, c, key, i);
+  });
+}
+
+template <typename P, typename S, WriteBack W, bool kFlag>
+__global__ void __launch_bounds__(kLowPrecisionThreads)
+    sgd_kernel(const __grid_constant__ LowPrecisionMeta meta, const SgdHyper hyper,
+               const LowPrecisionArgs args) {
+  if (skipped(args)) return;
+  const LowPrecisionTensor& t = meta.tensor[meta.block_tensor[blockIdx.x]];
+  const float count = *t.step + 1.0f;
+  const SgdScalars c = block_scalars<SgdScalars>(
+      [&] { return lp::sgd_scalars(hyper, t.first_momentum != 0, scale_of(args)); });
+  run_chunk<P, S>(meta, args, c, count, [](const auto& p, const auto& c, uint64_t key, int64_t i) {
+    lp::sgd_element<P, S, W, kFlag>(p, c, key, i);
+  });
+}
+
+__global__ void count_steps_kernel(const __grid_constant__ StepCounts counts,
+                                   const float* found_inf) {
+  if (found_inf != nullptr && *found_inf != 0.0f) return;
+  const int k = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (k < counts.count) *counts.step[k] += 1.0f;
+}
+
+// Calls fn(P{}, S{}, write-back constant, flag constant) for the args' instantiation; returns
+// cudaErrorInvalidValue for a combination no kernel exists for.
+template <typename Fn>
+cudaError_t dispatch(const LowPrecisionArgs& args, const Fn& fn) {
+  const auto with_flag = [&](auto p, auto s, auto w) {
+    if (args.flag) {
+      fn(p, s, w, std::true_type{});
+    } else {
+      fn(p, s, w, std::false_type{});
+    }
+    return cudaGetLastError();
+  };
+  const auto with_write_back = [&](auto p, auto s) -> cudaError_t {
+    using P = decltype(p);
+    switch (args.write_back) {
+      case WriteBack::kRoundNearest:
+        return with_flag(p, s, std::integral_constant<WriteBack, WriteBack::kRoundNearest>{});
+      case WriteBack::kMasterWeights:
+        return with_flag(p, s, std::integral_constant<WriteBack, WriteBack::kMasterWeights>{});
+      case WriteBack::kKahan:
+        return with_flag(p, s, std::integral_constant<WriteBack, WriteBack::kKahan>{});
+      case WriteBack::kStochastic:
+        if constexpr (std::is_same_v<P, lp::Bf16>) {
+          return with_flag(p, s, std::integral_constant<WriteBack, WriteBack::kStochastic>{});
+        }
+        break;
+    }
+    return cudaErrorInvalidValue;
+  };
+  const auto with_state = [&](auto p) -> cudaError_t {
+    switch (args.state_type) {
+      case StorageType::kFloat:
+        return with_write_back(p, lp::F32{});
+      case StorageType::kBFloat16:
+        return with_write_back(p, lp::Bf16{});
+      case StorageType::kHalf:
+        return with_write_back(p, lp::F16{});
+    }
+    return cudaErrorInvalidValue;
+  };
+  switch (args.param_type) {
+    case StorageType::kBFloat16:
+      return with_state(lp::Bf16{});
+    case StorageType::kHalf:
+      return with_state(lp::F16{});
+    case StorageType::kFloat:
+      break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t launch_adam_low_precision(const LowPrecisionMeta& meta, const AdamHyper& hyper,
+                                      const LowPrecisionArgs& args, cudaStream_t stream) {
+  if (meta.block_count == 0) return cudaSuccess;
+  return dispatch(args, [&](auto p, auto s, auto w, auto flag) {
+    adam_kernel<decltype(p), decltype(s), decltype(w)::value, decltype(flag)::value>
+        <<<meta.block_count, kLowPrecisionThreads, 0, stream>>>(meta, hyper, args);
+  });
+}
+
+cudaError_t launch_sgd_low_precision(const LowPrecisionMeta& meta, const SgdHyper& hyper,
+                                     const LowPrecisionArgs& args, cudaStream_t stream) {
+  if (meta.block_count == 0) return cudaSuccess;
+  return dispatch(args, [&](auto p, auto s, auto w, auto flag) {
+    sgd_kernel<decltype(p), decltype(s), decltype(w)::value, decltype(flag)::value>
+        <<<meta.block_count, kLowPrecisionThreads, 0, stream>>>(meta, hyper, args);
+  });
+}
+
+cudaError_t launch_count_steps(const StepCounts& counts, const float* found_inf,
+                               cudaStream_t stream) {
+  if (counts.count == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  const int blocks = (counts.count + kThreads - 1) / kThreads;
+  count_steps_kernel<<<blocks, kThreads, 0, stream>>>(counts, found_inf);
+  return cudaGetLastError();
+}
+
+}  // namespace amp::optim::detail::cuda
