@@ -120,14 +120,14 @@ int time_modes(int rounds, torch::Device device) {
               device.str().c_str(), static_cast<long long>(setups[0]->params),
               torch::get_num_threads(), rounds, amp_bench::cpu_model().c_str());
   std::printf("copy bandwidth (read+write): %.2f GB/s\n", bandwidth / 1e9);
-  std::printf("%-7s %10s %14s %10s %12s %14s\n", "mode", "B/param", "median ms", "fp32/mode",
+  std::printf("%-7s %10s %26s %10s %12s %14s\n", "mode", "B/param", "median ms [95% CI]", "fp32/mode",
               "moved B/p", "of bandwidth");
   for (size_t i = 0; i < setups.size(); ++i) {
     const auto ci = amp_bench::median_ci(times[i]);
     const auto ratio = amp_bench::median(amp_bench::ratios(times[0], times[i]));
     const double med = amp_bench::median(times[i]);
     const double moved = bytes_moved(setups[i]->mode) * setups[i]->params;
-    std::printf("%-7s %10.2f %7.1f [%4.1f,%4.1f] %9.2fx %12.0f %13.0f%%\n",
+    std::printf("%-7s %10.2f %8.3f [%7.3f,%7.3f] %9.2fx %12.0f %13.0f%%\n",
                 setups[i]->mode.c_str(), setups[i]->tensor_bytes() / setups[i]->params,
                 med * 1e3, ci.first * 1e3, ci.second * 1e3, ratio,
                 bytes_moved(setups[i]->mode), 100.0 * moved / med / bandwidth);

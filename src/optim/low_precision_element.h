@@ -221,10 +221,13 @@ AMP_LP_FN void apply_update(const Ptr& p, uint64_t key, int64_t i, float w, floa
   }
 }
 
-/// The gradient as the update reads it: unscaled (dividing by 1 is exact) and signed.
+/// The gradient as the update reads it: unscaled and signed. Without a scale (1) the division is
+/// left out: x / 1 is x, and on the GPU an IEEE division is dozens of instructions (the CPU loop
+/// computes both sides of the select, with the same bits).
 template <typename P, typename Ptr>
 AMP_LP_FN float unscaled_grad(const Ptr& p, int64_t i, float scale, float sign) {
-  return (P::load(p.grad[i]) / scale) * sign;
+  const float g = P::load(p.grad[i]);
+  return (scale == 1.0f ? g : g / scale) * sign;
 }
 
 // ---- Adam ----

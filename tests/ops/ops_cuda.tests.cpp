@@ -67,12 +67,24 @@ std::vector<torch::Tensor> clones(const std::vector<torch::Tensor>& list) {
   return out;
 }
 
+/// ATen's CUDA unscale of one tensor, the reference. Some torch versions (2.11) have no bfloat16
+/// CUDA kernel: a bfloat16 tensor then goes through float32, which is the same arithmetic (the
+/// float32 product rounded once to bfloat16) and sets the same flag.
+void aten_unscale_one(torch::Tensor g, torch::Tensor& found, const torch::Tensor& inv) {
+  if (g.numel() == 0) return;
+  if (g.scalar_type() != torch::kBFloat16) {
+    at::_amp_foreach_non_finite_check_and_unscale_({g}, found, inv);
+    return;
+  }
+  auto wide = g.to(torch::kFloat);
+  at::_amp_foreach_non_finite_check_and_unscale_({wide}, found, inv);
+  g.copy_(wide);
+}
+
 /// ATen's CUDA unscale, one call per tensor (ATen's op takes one dtype per call).
 void aten_unscale(const std::vector<torch::Tensor>& grads, torch::Tensor& found,
                   const torch::Tensor& inv) {
-  for (const auto& g : grads) {
-    if (g.numel() > 0) at::_amp_foreach_non_finite_check_and_unscale_({g}, found, inv);
-  }
+  for (const auto& g : grads) aten_unscale_one(g, found, inv);
 }
 
 /// The L2 norm of `grads * inv` from float64 values (exact products when inv is a power of two).
@@ -234,7 +246,7 @@ TEST_CASE("CUDA ops on views starting 1 to 8 elements into a device allocation t
 
         auto ref = view.clone();  // an aligned copy for ATen's CUDA op
         auto found_ref = zero_flag();
-        at::_amp_foreach_non_finite_check_and_unscale_({ref}, found_ref, scalar(kInv));
+        aten_unscale_one(ref, found_ref, scalar(kInv));
         amp::non_finite_check_and_unscale_({view}, found, scalar(kInv));
         CHECK(same_bits(view, ref));
         CHECK(found.item<float>() == 0.0f);

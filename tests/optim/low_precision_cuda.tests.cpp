@@ -153,6 +153,9 @@ TEST_CASE("CUDA low-precision steps give the CPU's bits: every family, write-bac
     set_grads(cpu_params, k, scale, poison);
     set_grads(gpu_params, k, scale, poison);
     const auto before = on_cpu(gpu_params);
+    // The scalers start at their first scale() (the gradients were scaled by hand above).
+    (void)cpu_scaler.scale(torch::ones({}));
+    (void)gpu_scaler.scale(torch::ones({}, kCuda));
     cpu_scaler.step(*cpu_opt);
     gpu_scaler.step(*gpu_opt);
     cpu_scaler.update();
@@ -180,6 +183,7 @@ TEST_CASE("A CUDA low-precision step with GradScaler never synchronises with the
   amp::GradScaler scaler(c10::DeviceType::CUDA, amp::GradScalerOptions().init_scale(256.0));
   for (int k = 0; k < 4; ++k) {
     INFO("step " << k);
+    (void)scaler.scale(torch::ones({}, kCuda));  // starts the scaler at step 0
     set_grads(params, k, scaler.get_scale(), /*poison=*/k == 2);
     torch::cuda::synchronize();
     // Step 0 creates the state (a warm-up, not counted); the others must read nothing back.

@@ -159,8 +159,24 @@ def scenario_config(defaults, scenarios, scenario, workdir, device):
         print("skipped: the CUDA scenarios need a GPU and torch sees none")
         sys.exit(77)
     config = dict(defaults, **scenarios[scenario], device=device)
+    if (device == "cuda" and config.get("param_dtype") == "bfloat16"
+            and config.get("scaler") == "enabled" and not cuda_unscales_bfloat16()):
+        print(f"skipped: torch {torch.__version__} has no bfloat16 CUDA kernel for GradScaler's "
+              "unscale, so the Python reference cannot run this scenario on CUDA")
+        sys.exit(77)
     os.makedirs(workdir, exist_ok=True)
     return config
+
+
+def cuda_unscales_bfloat16():
+    """Whether this torch's GradScaler can unscale bfloat16 gradients on CUDA (2.11's cannot)."""
+    grads = [torch.ones(1, dtype=torch.bfloat16, device="cuda")]
+    found, inv = torch.zeros(1, device="cuda"), torch.ones(1, device="cuda")
+    try:
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+    except (NotImplementedError, RuntimeError):
+        return False
+    return True
 
 
 def main(scenario, driver, workdir, device="cpu"):
