@@ -95,6 +95,15 @@ class AmpOps(unittest.TestCase):
                                         hysteresis=2, min_scale=1.0, max_scale=None)
             self.assertEqual(s.item(), expected)
         self.assertEqual(counters.tolist(), [0, 2, 2])
+        # The optional tensors left out (their defaults, None), first without an error to raise.
+        torch.ops.amp.update_scale_(s, t, torch.tensor([0.0]), 2.0, 0.5, 2)
+        self.assertEqual(s.item(), 32.0)
+        torch.ops.amp.update_scale_(s, t, torch.tensor([0.0]), 2.0, 0.5, 2,
+                                    hysteresis_remaining=None, counters=None)
+        self.assertEqual(s.item(), 64.0)
+        with self.assertRaisesRegex(RuntimeError, "hysteresis=2 needs the hysteresis_remaining"):
+            torch.ops.amp.update_scale_(s, t, torch.tensor([1.0]), 2.0, 0.5, 2, hysteresis=2,
+                                        hysteresis_remaining=None)
         with self.assertRaisesRegex(RuntimeError, "hysteresis=2 needs the hysteresis_remaining"):
             torch.ops.amp.update_scale_(s, t, torch.tensor([1.0]), 2.0, 0.5, 2, hysteresis=2)
 
