@@ -199,9 +199,11 @@ AMP_LP_FN float read_weight(const Ptr& p, int64_t i) {
   }
 }
 
-/// Applies `update` to element i whose value `w` read_weight() returned.
+/// Applies `update` to element i whose value `w` read_weight() returned; `index` numbers the
+/// element in its parameter (the stochastic-rounding bits are drawn for it).
 template <typename P, WriteBack W, typename Ptr>
-AMP_LP_FN void apply_update(const Ptr& p, uint64_t key, int64_t i, float w, float update) {
+AMP_LP_FN void apply_update(const Ptr& p, uint64_t key, int64_t i, int64_t index, float w,
+                            float update) {
   if constexpr (W == WriteBack::kMasterWeights) {
     const float next = w + update;
     p.master[i] = next;
@@ -209,7 +211,7 @@ AMP_LP_FN void apply_update(const Ptr& p, uint64_t key, int64_t i, float w, floa
   } else if constexpr (W == WriteBack::kRoundNearest) {
     p.param[i] = P::store(w + update);
   } else if constexpr (W == WriteBack::kStochastic) {
-    p.param[i] = sr_bf16(w + update, element_bits(key, static_cast<uint32_t>(i)));
+    p.param[i] = sr_bf16(w + update, element_bits(key, static_cast<uint32_t>(index)));
   } else {
     // Kahan: comp += update; old = param; param += comp; comp += old - param, each operation
     // rounded to the parameter's dtype.
@@ -251,9 +253,11 @@ AMP_LP_FN AdamScalars adam_scalars(const AdamHyper& h, double count, float scale
   return c;
 }
 
+/// Element i of the pointers, the element `index` of its parameter (the two differ when the
+/// pointers are a copy of some elements in registers, as in the CUDA kernel's vector path).
 template <typename P, typename S, WriteBack W, bool kAmsgrad>
 AMP_LP_FN void adam_element(const Pointers<P, S>& p, const AdamScalars& c, uint64_t key,
-                            int64_t i) {
+                            int64_t i, int64_t index) {
   // Selects rather than branches: the CPU loop stays one straight line for the vectoriser.
   float g = unscaled_grad<P>(p, i, c.scale, c.sign);
   const float w = read_weight<P, W>(p, i);
@@ -273,7 +277,7 @@ AMP_LP_FN void adam_element(const Pointers<P, S>& p, const AdamScalars& c, uint6
   const float denom = square_root(v) / c.bias_correction2_sqrt + c.eps;
   float delta = (m / denom) * c.step_size;
   delta = c.decoupled ? delta + w * c.lr_weight_decay : delta;
-  apply_update<P, W>(p, key, i, w, -delta);
+  apply_update<P, W>(p, key, i, index, w, -delta);
 }
 
 // ---- SGD ----
@@ -295,7 +299,7 @@ AMP_LP_FN SgdScalars sgd_scalars(const SgdHyper& h, bool first, float scale) {
 
 template <typename P, typename S, WriteBack W, bool kMomentum>
 AMP_LP_FN void sgd_element(const Pointers<P, S>& p, const SgdScalars& c, uint64_t key,
-                           int64_t i) {
+                           int64_t i, int64_t index) {
   float g = unscaled_grad<P>(p, i, c.scale, c.sign);
   const float w = read_weight<P, W>(p, i);
   g = c.l2 ? g + w * c.weight_decay : g;
@@ -307,7 +311,7 @@ AMP_LP_FN void sgd_element(const Pointers<P, S>& p, const SgdScalars& c, uint64_
     const float b = S::load(b_raw);
     d = c.nesterov ? g + b * c.momentum : b;
   }
-  apply_update<P, W>(p, key, i, w, -(d * c.lr));
+  apply_update<P, W>(p, key, i, index, w, -(d * c.lr));
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ void adam_loop(const RangePointers& r, const AdamScalars& scalars, uint64_t key,
                int64_t end) {
   const lp::Pointers<P, S> p = typed<P, S>(r);
   const AdamScalars c = scalars;
-  for (int64_t i = begin; i < end; ++i) lp::adam_element<P, S, W, kFlag>(p, c, key, i);
+  for (int64_t i = begin; i < end; ++i) lp::adam_element<P, S, W, kFlag>(p, c, key, i, i);
 }
 
 template <typename P, typename S, WriteBack W, bool kFlag>
@@ -40,7 +40,7 @@ void sgd_loop(const RangePointers& r, const SgdScalars& scalars, uint64_t key, i
               int64_t end) {
   const lp::Pointers<P, S> p = typed<P, S>(r);
   const SgdScalars c = scalars;
-  for (int64_t i = begin; i < end; ++i) lp::sgd_element<P, S, W, kFlag>(p, c, key, i);
+  for (int64_t i = begin; i < end; ++i) lp::sgd_element<P, S, W, kFlag>(p, c, key, i, i);
 }
 
 // Calls fn(P{}, S{}, write-back constant, flag constant) for the kind's instantiation.

@@ -3,6 +3,8 @@
 // --fmad=false so the bits agree), skipping on the scaler's flag without a host read.
 #include "optim/cuda/low_precision_kernels.cuh"
 
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 namespace amp::optim::detail::cuda {
@@ -24,7 +26,38 @@ __device__ Scalars block_scalars(const Make& make) {
   return shared;
 }
 
-// Runs element(p, scalars, key, i) over the block's chunk, then writes the unscaled gradient.
+// Elements a thread takes at once in the vector path: 16 bytes of bfloat16/float16.
+constexpr int kVec = 8;
+
+__device__ bool aligned16(const void* ptr) {
+  return ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+}
+
+template <typename T>
+__device__ void load_vec(T (&dst)[kVec], const T* src) {
+  static_assert(sizeof(T) * kVec % 16 == 0, "whole 16-byte words");
+#pragma unroll
+  for (int q = 0; q < static_cast<int>(sizeof(T) * kVec / 16); ++q) {
+    const uint4 word = reinterpret_cast<const uint4*>(src)[q];
+    memcpy(reinterpret_cast<char*>(dst) + 16 * q, &word, 16);
+  }
+}
+
+template <typename T>
+__device__ void store_vec(T* dst, const T (&src)[kVec]) {
+#pragma unroll
+  for (int q = 0; q < static_cast<int>(sizeof(T) * kVec / 16); ++q) {
+    uint4 word;
+    memcpy(&word, reinterpret_cast<const char*>(src) + 16 * q, 16);
+    reinterpret_cast<uint4*>(dst)[q] = word;
+  }
+}
+
+// Runs element(pointers, scalars, key, i, index) over the block's chunk, then writes the unscaled
+// gradient. When every tensor of the parameter is 16-byte aligned (chunks start at multiples of
+// kLowPrecisionChunkElems, so then every chunk is), each thread loads 8 elements of each tensor
+// in 16-byte words, updates them in registers and stores them back; the rest of the chunk (or a
+// misaligned parameter) goes element by element. Both run the same element arithmetic.
 template <typename P, typename S, typename Scalars, typename Element>
 __device__ void run_chunk(const LowPrecisionMeta& meta, const LowPrecisionArgs& args,
                           const Scalars& c, float count, const Element& element) {
@@ -34,17 +67,43 @@ __device__ void run_chunk(const LowPrecisionMeta& meta, const LowPrecisionArgs& 
   const int64_t begin = static_cast<int64_t>(meta.block_chunk[blockIdx.x]) * kLowPrecisionChunkElems;
   const int64_t end =
       t.numel - begin < kLowPrecisionChunkElems ? t.numel : begin + kLowPrecisionChunkElems;
-  // Four elements a thread per round, unrolled, so that their loads and long divisions overlap.
-  constexpr int kUnroll = 4;
-  for (int64_t first = begin + threadIdx.x; first < end; first += kUnroll * blockDim.x) {
+  const bool unscale = args.grad_scale != nullptr;
+  int64_t scalar_from = begin;
+  if (aligned16(t.param) && aligned16(t.grad) && aligned16(t.master) && aligned16(t.comp) &&
+      aligned16(t.state0) && aligned16(t.state1) && aligned16(t.state2)) {
+    const int64_t rounds = (end - begin) / kVec;
+    for (int64_t r = threadIdx.x; r < rounds; r += blockDim.x) {
+      const int64_t base = begin + r * kVec;
+      typename P::Raw param[kVec], grad[kVec], comp[kVec];
+      float master[kVec];
+      typename S::Raw state0[kVec], state1[kVec], state2[kVec];
+      load_vec(param, p.param + base);
+      load_vec(grad, p.grad + base);
+      if (p.master != nullptr) load_vec(master, p.master + base);
+      if (p.comp != nullptr) load_vec(comp, p.comp + base);
+      if (p.state0 != nullptr) load_vec(state0, p.state0 + base);
+      if (p.state1 != nullptr) load_vec(state1, p.state1 + base);
+      if (p.state2 != nullptr) load_vec(state2, p.state2 + base);
+      const lp::Pointers<P, S> regs{param, grad, master, comp, state0, state1, state2};
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const int64_t i = first + k * static_cast<int64_t>(blockDim.x);
-      if (i < end) {
-        element(p, c, key, i);
-        if (args.grad_scale != nullptr) p.grad[i] = P::store(P::load(p.grad[i]) / c.scale);
+      for (int k = 0; k < kVec; ++k) {
+        element(regs, c, key, k, base + k);
+        if (unscale) grad[k] = P::store(P::load(grad[k]) / c.scale);
       }
+      // Every tensor the step keeps is written by the element arithmetic.
+      store_vec(p.param + base, param);
+      if (unscale) store_vec(p.grad + base, grad);
+      if (p.master != nullptr) store_vec(p.master + base, master);
+      if (p.comp != nullptr) store_vec(p.comp + base, comp);
+      if (p.state0 != nullptr) store_vec(p.state0 + base, state0);
+      if (p.state1 != nullptr) store_vec(p.state1 + base, state1);
+      if (p.state2 != nullptr) store_vec(p.state2 + base, state2);
     }
+    scalar_from = begin + rounds * kVec;
+  }
+  for (int64_t i = scalar_from + threadIdx.x; i < end; i += blockDim.x) {
+    element(p, c, key, i, i);
+    if (unscale) p.grad[i] = P::store(P::load(p.grad[i]) / c.scale);
   }
 }
 
@@ -65,9 +124,10 @@ __global__ void __launch_bounds__(kLowPrecisionThreads)
   const float count = *t.step + 1.0f;
   const AdamScalars c = block_scalars<AdamScalars>(
       [&] { return lp::adam_scalars(hyper, count, scale_of(args)); });
-  run_chunk<P, S>(meta, args, c, count, [](const auto& p, const auto& c, uint64_t key, int64_t i) {
-    lp::adam_element<P, S, W, kFlag>(p, c, key, i);
-  });
+  run_chunk<P, S>(meta, args, c, count,
+                  [](const auto& p, const auto& c, uint64_t key, int64_t i, int64_t index) {
+                    lp::adam_element<P, S, W, kFlag>(p, c, key, i, index);
+                  });
 }
 
 template <typename P, typename S, WriteBack W, bool kFlag>
@@ -79,9 +139,10 @@ __global__ void __launch_bounds__(kLowPrecisionThreads)
   const float count = *t.step + 1.0f;
   const SgdScalars c = block_scalars<SgdScalars>(
       [&] { return lp::sgd_scalars(hyper, t.first_momentum != 0, scale_of(args)); });
-  run_chunk<P, S>(meta, args, c, count, [](const auto& p, const auto& c, uint64_t key, int64_t i) {
-    lp::sgd_element<P, S, W, kFlag>(p, c, key, i);
-  });
+  run_chunk<P, S>(meta, args, c, count,
+                  [](const auto& p, const auto& c, uint64_t key, int64_t i, int64_t index) {
+                    lp::sgd_element<P, S, W, kFlag>(p, c, key, i, index);
+                  });
 }
 
 __global__ void count_steps_kernel(const __grid_constant__ StepCounts counts,
