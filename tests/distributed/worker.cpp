@@ -140,12 +140,13 @@ void all_reduce(const dist::TorchrunEnv& env, const std::string& comm, int64_t b
 
 // Rank 1 has one gradient element beyond float16's range: with fp16 transfer it becomes inf on
 // every rank and every rank skips; with bf16 it is an ordinary value.
-void overflow(const dist::TorchrunEnv& env, const std::string& comm) {
+void overflow(const dist::TorchrunEnv& env, const std::string& comm, const std::string& optimizer) {
   auto group = dist::init_gloo_from_torchrun(group_options());
   amp::GradScaler scaler(c10::DeviceType::CPU,
                          amp::GradScalerOptions().found_inf_sync(dist::found_inf_sync(group)));
   at::Tensor w = at::zeros({4}).requires_grad_();
-  torch::optim::SGD opt({w}, 1.0);
+  auto opt_owner = make_optimizer(optimizer, w);
+  torch::optim::Optimizer& opt = *opt_owner;
   dist::GradientAllReduce reducer(
       {w}, group,
       dist::GradientAllReduceOptions().comm_dtype(comm == "fp16" ? at::kHalf : at::kBFloat16));
@@ -331,8 +332,8 @@ int main(int argc, char** argv) {
           args.size() == 4 && args[3] == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
     } else if (scenario == "all_reduce" && args.size() == 3) {
       all_reduce(env, args[1], std::atoll(args[2].c_str()));
-    } else if (scenario == "overflow" && args.size() == 2) {
-      overflow(env, args[1]);
+    } else if (scenario == "overflow" && (args.size() == 2 || args.size() == 3)) {
+      overflow(env, args[1], args.size() == 3 ? args[2] : "sgd");
     } else if (scenario == "options_differ") {
       options_differ(env);
     } else if (scenario == "dies") {

@@ -62,7 +62,7 @@ torch::Tensor sgd_increments(torch::Dtype dtype, std::optional<Mode> mode, int s
 
 }  // namespace
 
-TEST_CASE("bf16 round to nearest loses every small update; master, Kahan and SR keep them",
+TEST_CASE("bf16 round to nearest loses every small update, and master, Kahan and SR keep them",
           "[optim][low_precision]") {
   // 1000 steps of +1e-4 (as bf16 rounds it: 1.0013580322265625e-4) on weights at 1.0.
   const float increment = c10::BFloat16(1e-4f);

@@ -588,7 +588,7 @@ TEST_CASE("Counters loaded at 2^63-1 stay there, and the state saved then reload
   CHECK(twin.state_dict() == scaler.state_dict());
 }
 
-TEST_CASE("set_growth_interval below the tracker warns; growth then waits for an overflow",
+TEST_CASE("set_growth_interval below the tracker warns, and growth then waits for an overflow",
           "[scaler][state]") {
   // torch.amp's rule grows only when tracker + 1 equals the interval, so a tracker already past
   // a lowered interval stops growth until an overflow resets it; amp keeps the rule and says so.

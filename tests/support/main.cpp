@@ -1,6 +1,7 @@
 // Catch2 runner for amp's tests: runs the selected tests, and reports as skipped (exit 77,
 // CTest's SKIP_RETURN_CODE) a run that selects only [cuda] tests on a machine without a usable
-// GPU, or only [no-gpu] tests (the paths taken when CUDA is missing) on a machine with one.
+// GPU, or only [no-gpu] tests (the paths taken when CUDA is missing) on a machine with one; a
+// filter that selects no test fails.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -33,6 +34,12 @@ int main(int argc, char* argv[]) {
   if (!config.listTestNamesOnly() && !config.listTests() && !config.listTags()) {
     const auto selected =
         Catch::filterTests(Catch::getAllTestCasesSorted(config), config.testSpec(), config);
+    // A filter that selects nothing is an error, not a pass: CTest cuts a test name at ';'
+    // (its list separator), and the cut name used to select no test and exit 0.
+    if (config.testSpec().hasFilters() && selected.empty()) {
+      std::cerr << "no test case matches the filter given; check the test's name\n";
+      return 2;
+    }
     if (!amp_test::cuda_usable() && all_have_tag(selected, "cuda")) {
       std::cout << "skipped: the selected tests need a CUDA GPU and none is usable here\n";
       return amp_test::kSkipReturnCode;
