@@ -3,7 +3,7 @@
 // flags. Everything else here has internal linkage (see low_precision_element.h), and nothing
 // here may instantiate an inline function of another header (c10's string helpers behind
 // TORCH_CHECK, say): the linker could keep this file's AVX-512 copy of it for the whole library.
-// Errors go through unsupported_range_kind(), defined in the baseline build.
+// Errors go through unsupported_range_kind(), defined in low_precision_kernels.cpp (no ISA flags).
 #include <type_traits>
 
 #include "optim/cpu/low_precision_ranges.h"
