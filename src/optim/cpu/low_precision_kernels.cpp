@@ -129,10 +129,6 @@ void unsupported_range_kind(const RangeKind& kind) {
 
 }  // namespace cpu
 
-uint32_t rounding_bits(uint64_t seed, uint64_t stream, uint64_t step, uint64_t index) {
-  return lp::element_bits(lp::tensor_key(seed, stream, step), static_cast<uint32_t>(index));
-}
-
 void adam_low_precision_cpu(const std::vector<LowPrecisionSlot>& slots, const AdamHyper& h,
                             const LowPrecisionStep& step) {
   run_family<AdamScalars>(slots, step, h.amsgrad, range_fns().adam,

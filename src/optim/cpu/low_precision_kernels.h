@@ -58,9 +58,4 @@ void adam_low_precision_cuda(const std::vector<LowPrecisionSlot>& slots, const A
 void sgd_low_precision_cuda(const std::vector<LowPrecisionSlot>& slots, const SgdHyper& hyper,
                             const LowPrecisionStep& step);
 
-/// The 16 random bits stochastic rounding adds to element `index` of the parameter at position
-/// `stream` on step `step` (the count after the increment), for `seed`. A counter-based hash:
-/// no generator state, so any element of any step can be recomputed (tests, resumes).
-uint32_t rounding_bits(uint64_t seed, uint64_t stream, uint64_t step, uint64_t index);
-
 }  // namespace amp::optim::detail
