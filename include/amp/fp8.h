@@ -1,0 +1,218 @@
+// amp::fp8: float8 training for LibTorch modules. Float8Linear computes the three GEMMs of a
+// linear layer (output, grad_input, grad_weight) in float8 through at::_scaled_mm, with torchao's
+// dynamic recipes (tensorwise, rowwise, rowwise_with_gw_hp; the same bits as torchao 0.18 on the
+// CPU) or Transformer Engine's delayed scaling (amax histories in module buffers).
+#pragma once
+
+#include <c10/core/ScalarType.h>
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <amp/export.h>
+
+namespace amp::fp8 {
+
+/// How many values one scale covers.
+enum class Granularity {
+  /// One scale for the whole tensor (torchao's TENSORWISE).
+  tensorwise,
+  /// One scale per row along the GEMM's reduction dimension (torchao's AXISWISE).
+  rowwise,
+};
+
+/// How one operand of one of the three GEMMs is cast to float8.
+struct AMP_EXPORT CastConfig {
+  /// false leaves the operand in high precision (torchao's ScalingType.DISABLED); both operands
+  /// of a GEMM are then high precision and the GEMM is an ordinary mm.
+  bool enabled = true;
+  Granularity granularity = Granularity::tensorwise;
+  /// Float8_e4m3fn or Float8_e5m2.
+  c10::ScalarType dtype = c10::ScalarType::Float8_e4m3fn;
+
+  bool operator==(const CastConfig&) const = default;
+};
+
+/// How the delayed recipe turns an amax history into a scale (Transformer Engine's names).
+enum class AmaxComputeAlgo {
+  /// The largest amax in the history.
+  max,
+  /// The amax of the latest cast.
+  most_recent,
+};
+
+/// Which float8 formats the delayed recipe uses (Transformer Engine's Format).
+enum class Float8Format {
+  /// e4m3 everywhere.
+  e4m3,
+  /// e4m3 for the forward's input and weight, e5m2 for the backward's grad_output.
+  hybrid,
+};
+
+/// Reduces one amax in place across the processes of a data-parallel job (maximum), so that every
+/// rank derives the same scale. amp::distributed::amax_all_reduce(group) gives one over c10d.
+using AmaxReduction = std::function<void(const at::Tensor& amax)>;
+
+/// Transformer Engine's DelayedScaling: each cast uses a scale derived from the amaxes of earlier
+/// casts of the same tensor. Per layer and operand (input, weight, grad_output) a history of
+/// `amax_history_len` amaxes and a scale live in module buffers. At every cast, in this order:
+/// the tensor is quantised with the current scale; its amax goes to history[0] (reduced across
+/// ranks first when `amax_reduction` is set); amax = max(history) or history[0]; the history rolls
+/// by one (torch.roll(history, -1)) and history[0] becomes 0; scale = (fp8_max / amax) / 2^margin,
+/// except that the scale is kept when amax is 0, inf or NaN, and an infinite scale becomes
+/// FLT_MAX. The first cast of a fresh layer uses scale 1.
+struct AMP_EXPORT DelayedScalingOptions {
+  TORCH_ARG(int64_t, amax_history_len) = 1024;
+  TORCH_ARG(AmaxComputeAlgo, amax_compute_algo) = AmaxComputeAlgo::max;
+  /// Scales are divided by 2^margin: headroom for amaxes that grow between casts.
+  TORCH_ARG(int64_t, margin) = 0;
+  TORCH_ARG(Float8Format, fp8_format) = Float8Format::hybrid;
+  /// Unset: every rank keeps its own amaxes.
+  TORCH_ARG(AmaxReduction, amax_reduction) = nullptr;
+};
+
+/// A float8 training recipe: how each operand of the three GEMMs of a linear layer is cast.
+/// Build one with a named constructor; the fields are public so that a recipe can be inspected
+/// or adjusted (validate() is called when a layer is built).
+struct AMP_EXPORT Recipe {
+  /// torchao's default: dynamic tensorwise scales, e4m3 input and weight, e5m2 grad_output,
+  /// fast accumulation in the output GEMM.
+  static Recipe tensorwise();
+  /// torchao's ROWWISE: dynamic rowwise scales rounded down to powers of two, e4m3 everywhere.
+  static Recipe rowwise();
+  /// torchao's ROWWISE_WITH_GW_HP: as rowwise, but the weight is cast tensorwise for grad_input
+  /// and grad_weight is computed in high precision.
+  static Recipe rowwise_with_gw_hp();
+  /// Transformer Engine's delayed scaling (tensorwise scales from amax histories).
+  static Recipe delayed(DelayedScalingOptions options = {});
+  /// "tensorwise", "rowwise", "rowwise_with_gw_hp" or "delayed" (default options). Throws
+  /// c10::Error naming the valid names for another.
+  static Recipe from_name(const std::string& name);
+
+  /// One of the names from_name() accepts.
+  std::string name;
+  CastConfig input;
+  CastConfig weight;
+  CastConfig grad_output;
+  CastConfig input_for_grad_weight;
+  CastConfig weight_for_grad_input;
+  CastConfig grad_output_for_grad_weight;
+  /// use_fast_accum of at::_scaled_mm for the output, grad_input and grad_weight GEMMs.
+  bool output_fast_accum = true;
+  bool grad_input_fast_accum = false;
+  bool grad_weight_fast_accum = false;
+  /// Dynamic scales are rounded down to a power of two (exact to apply and to undo).
+  bool round_scales_to_power_of_2 = false;
+  /// Set for the delayed recipe only.
+  std::optional<DelayedScalingOptions> delayed_scaling;
+
+  /// Throws c10::Error with a sentence when the recipe is inconsistent (a GEMM with one operand
+  /// in float8 and one in high precision, an operand cast to two dtypes, a rowwise delayed cast,
+  /// a non-float8 dtype, a history length below 1 or a negative margin).
+  void validate() const;
+};
+
+/// An RAII float8 region, the counterpart of AutocastGuard and Transformer Engine's fp8_autocast:
+/// inside it Float8Linear layers compute in float8; outside it (evaluation, debugging) they
+/// compute exactly as torch::nn::Linear with the same parameters. The state is per thread: a new
+/// thread starts outside, and a region opened in one thread does not reach others. Regions nest;
+/// each restores the state it found. The choice is made at forward time: a backward pass follows
+/// its forward, wherever and whenever it runs.
+class AMP_EXPORT Float8AutocastGuard {
+ public:
+  /// enabled=false opens a region without float8 inside an enclosing one.
+  explicit Float8AutocastGuard(bool enabled = true);
+  ~Float8AutocastGuard();
+  Float8AutocastGuard(const Float8AutocastGuard&) = delete;
+  Float8AutocastGuard& operator=(const Float8AutocastGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+/// Whether this thread is inside an enabled Float8AutocastGuard.
+AMP_EXPORT bool is_float8_enabled();
+
+/// Options of Float8Linear: LinearOptions' three plus the recipe.
+struct AMP_EXPORT Float8LinearOptions {
+  Float8LinearOptions(int64_t in_features, int64_t out_features)
+      : in_features_(in_features), out_features_(out_features) {}
+  TORCH_ARG(int64_t, in_features);
+  TORCH_ARG(int64_t, out_features);
+  TORCH_ARG(bool, bias) = true;
+  TORCH_ARG(Recipe, recipe) = Recipe::tensorwise();
+};
+
+/// A linear layer with float8 GEMMs. It holds the parameters of torch::nn::Linear under the same
+/// names ("weight" [out, in], "bias" [out]) in the module's dtype: they are the master weights
+/// the optimizer updates, so state dicts and optimizers see an ordinary Linear. The delayed recipe
+/// adds float32 buffers "amax_history_{input,weight,grad_output}" [history_len] and
+/// "scale_{input,weight,grad_output}" [], saved and loaded with the module.
+///
+/// forward(input [..., in]) -> [..., out]. Inside a Float8AutocastGuard the input and weight are
+/// cast to float8 and multiplied with at::_scaled_mm, and the backward casts grad_output and
+/// multiplies again, as torchao's Float8Linear does op for op: the output has the input's dtype,
+/// or under CPU autocast the autocast dtype; with CUDA autocast on, the input is first cast to the
+/// CUDA autocast dtype (torchao's rule). The bias is added in the output's dtype. Outside a region
+/// it is torch::nn::functional::linear.
+/// Errors (c10::Error): an input that is not float32/bfloat16/float16 or whose last dim is not
+/// in_features; on CUDA, a dimension not divisible by 16 (at::_scaled_mm's rule; the message names
+/// the layer and the dimension).
+class AMP_EXPORT Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
+ public:
+  Float8LinearImpl(int64_t in_features, int64_t out_features)
+      : Float8LinearImpl(Float8LinearOptions(in_features, out_features)) {}
+  explicit Float8LinearImpl(Float8LinearOptions options);
+  /// Shares `linear`'s weight and bias tensors (the same Parameters; no copy) on `linear`'s device
+  /// and dtype: what convert_to_float8_training puts in its place.
+  Float8LinearImpl(const torch::nn::LinearImpl& linear, Recipe recipe);
+
+  void reset() override;
+  /// torch::nn::Linear's initialisation (Kaiming-uniform weight, uniform bias).
+  void reset_parameters();
+  void pretty_print(std::ostream& stream) const override;
+  at::Tensor forward(const at::Tensor& input);
+
+  /// The qualified name convert_to_float8_training found the layer under ("" when built
+  /// directly): error messages name the layer by it.
+  const std::string& qualified_name() const { return qualified_name_; }
+  void set_qualified_name(std::string name) { qualified_name_ = std::move(name); }
+
+  Float8LinearOptions options;
+  at::Tensor weight;
+  at::Tensor bias;
+
+ private:
+  void register_delayed_buffers();
+  std::string qualified_name_;
+};
+TORCH_MODULE(Float8Linear);
+
+/// Selects which layers convert_to_float8_training converts: called with each torch::nn::Linear's
+/// qualified name ("fc1", "encoder.layers.0.proj") and the layer; true converts it. torchao's
+/// module_filter_fn.
+using ModuleFilter =
+    std::function<bool(const std::string& name, const torch::nn::LinearImpl& linear)>;
+
+/// Replaces every torch::nn::Linear below `module` that `filter` accepts (all when unset) with a
+/// Float8Linear sharing its parameters, in the module tree and in the containers that hold it
+/// (Sequential, ModuleList, ModuleDict), so forward() calls the new layer. Call it before building
+/// the optimizer. Returns the qualified names converted, in module order.
+/// A Linear that something else also holds (typically a `torch::nn::Linear fc{nullptr}` member of
+/// its parent, which a C++ program cannot re-point) cannot be swapped invisibly: the call throws
+/// c10::Error naming it before changing anything; declare such a member as amp::fp8::Float8Linear
+/// instead (it computes as Linear outside a Float8AutocastGuard), or exclude it with `filter`.
+/// `module` itself is never replaced.
+AMP_EXPORT std::vector<std::string> convert_to_float8_training(torch::nn::Module& module,
+                                                               const Recipe& recipe = Recipe::tensorwise(),
+                                                               const ModuleFilter& filter = nullptr);
+
+}  // namespace amp::fp8

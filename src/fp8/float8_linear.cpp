@@ -1,0 +1,387 @@
+// Float8Linear: the float8 region flag, the autograd function with the three float8 GEMMs
+// (torchao's matmul_with_hp_or_float8_args; delayed scaling casts each operand once per step),
+// the module, and convert_to_float8_training's swap in module trees and containers.
+#include <amp/fp8.h>
+
+#include <cmath>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/container/moduledict.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include "fp8/scaling.h"
+
+namespace amp::fp8 {
+namespace {
+
+thread_local bool float8_enabled = false;
+
+constexpr const char* kRoles[3] = {"input", "weight", "grad_output"};
+enum Role { kInput = 0, kWeight = 1, kGradOutput = 2 };
+
+// What the autograd function needs from its layer: the recipe and, for the delayed recipe, the
+// layer's history and scale buffers (updated in place, so a checkpoint of the module holds them).
+struct LayerContext : torch::CustomClassHolder {
+  Recipe recipe;
+  detail::DelayedState delayed[3];
+  std::string layer_name;
+};
+
+// The dtype a GEMM whose first operand has `dtype` produces: under autocast for the operand's
+// device type, the autocast dtype (autocast casts both operands of mm), as with torchao.
+c10::ScalarType gemm_dtype(c10::ScalarType dtype, c10::DeviceType device) {
+  if (at::autocast::is_autocast_enabled(device) && at::isFloatingType(dtype) &&
+      dtype != at::kDouble) {
+    return at::autocast::get_autocast_dtype(device);
+  }
+  return dtype;
+}
+
+void check_cuda_dim(const LayerContext& layer, int64_t size, const char* what) {
+  TORCH_CHECK(size % 16 == 0, "amp::fp8::Float8Linear ", layer.layer_name,
+              ": on CUDA the float8 GEMMs (at::_scaled_mm) need every dimension divisible by 16, "
+              "but ", what, " is ", size,
+              "; pad it to a multiple of 16 or leave the layer out (convert_to_float8_training's "
+              "filter).");
+}
+
+// An operand's cast for its second GEMM can reuse the forward's float8 tensor when the two casts
+// are the same tensorwise cast (the bits are then the same), or always with delayed scaling,
+// which casts each operand once per step.
+bool reuse_forward_cast(const Recipe& recipe, const CastConfig& forward, const CastConfig& second) {
+  if (recipe.delayed_scaling) return true;
+  return forward == second && forward.enabled && forward.granularity == Granularity::tensorwise;
+}
+
+detail::Float8Operand cast(LayerContext& layer, Role role, const CastConfig& config,
+                           const at::Tensor& x, int64_t axis) {
+  if (layer.recipe.delayed_scaling) {
+    return detail::cast_delayed(x, config.dtype, layer.delayed[role], *layer.recipe.delayed_scaling);
+  }
+  return detail::cast_dynamic(x, config, axis, layer.recipe.round_scales_to_power_of_2);
+}
+
+void save_operand(torch::autograd::AutogradContext* ctx, const std::string& key,
+                  const detail::Float8Operand& op) {
+  ctx->saved_data[key + "_data"] = op.data;
+  ctx->saved_data[key + "_scale"] = op.scale;
+  ctx->saved_data[key + "_dtype"] = static_cast<int64_t>(op.orig_dtype);
+}
+
+detail::Float8Operand load_operand(torch::autograd::AutogradContext* ctx, const std::string& key) {
+  return detail::Float8Operand{ctx->saved_data[key + "_data"].toTensor(),
+                               ctx->saved_data[key + "_scale"].toTensor(),
+                               static_cast<c10::ScalarType>(ctx->saved_data[key + "_dtype"].toInt()),
+                               std::nullopt};
+}
+
+// torchao's matmul_with_hp_or_float8_args: forward(input [..., K], weight [N, K]) -> [..., N]
+// with three GEMMs, each float8 or (when the recipe disables its casts) high precision.
+struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& weight, c10::intrusive_ptr<LayerContext> layer) {
+    const auto& r = layer->recipe;
+    const auto weight_t = weight.t();
+    const auto out_dtype = gemm_dtype(input.scalar_type(), input.device().type());
+
+    at::Tensor output;
+    if (r.input.enabled) {
+      auto input_fp8 = cast(*layer, kInput, r.input, input, -1);
+      auto weight_fp8 = cast(*layer, kWeight, r.weight, weight_t, 0);
+      output = detail::scaled_mm(input_fp8.flatten_rows(), weight_fp8, out_dtype,
+                                 r.output_fast_accum);
+      if (reuse_forward_cast(r, r.input, r.input_for_grad_weight)) {
+        save_operand(ctx, "input", input_fp8.flatten_rows());
+      }
+      if (reuse_forward_cast(r, r.weight, r.weight_for_grad_input)) {
+        save_operand(ctx, "weight", weight_fp8);
+      }
+    } else {
+      output = at::mm(input.reshape({-1, input.size(-1)}), weight_t);
+    }
+    auto sizes = input.sizes().vec();
+    sizes.back() = output.size(-1);
+    // The high-precision tensors only where the backward casts them differently from the forward
+    // or multiplies them in high precision: a tensorwise or delayed layer keeps its input in
+    // float8 (1 byte an element) for the backward.
+    const bool keep_input = !r.input_for_grad_weight.enabled ||
+                            !reuse_forward_cast(r, r.input, r.input_for_grad_weight);
+    const bool keep_weight = !r.weight_for_grad_input.enabled ||
+                             !reuse_forward_cast(r, r.weight, r.weight_for_grad_input);
+    ctx->save_for_backward({keep_input ? input : at::Tensor(), keep_weight ? weight : at::Tensor()});
+    ctx->saved_data["layer"] =
+        c10::IValue::make_capsule(c10::static_intrusive_pointer_cast<torch::CustomClassHolder>(layer));
+    return output.reshape(sizes);
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    auto layer = c10::static_intrusive_pointer_cast<LayerContext>(
+        ctx->saved_data["layer"].toCapsule());
+    const auto& r = layer->recipe;
+    const auto saved = ctx->get_saved_variables();
+    const auto& input = saved[0];
+    const auto& weight = saved[1];
+    const auto& grad_output = grads[0];
+    const auto grad_2d = grad_output.reshape({-1, grad_output.size(-1)});
+    const auto device = grad_output.device().type();
+
+    // grad_input = grad_output @ weight.
+    at::Tensor grad_input;
+    std::optional<detail::Float8Operand> grad_fp8;
+    if (r.grad_output.enabled) {
+      grad_fp8 = cast(*layer, kGradOutput, r.grad_output, grad_2d, -1);
+      auto weight_fp8 = reuse_forward_cast(r, r.weight, r.weight_for_grad_input)
+                            ? load_operand(ctx, "weight")
+                            : detail::cast_dynamic(weight.t(), r.weight_for_grad_input, -1,
+                                                   r.round_scales_to_power_of_2);
+      grad_input = detail::scaled_mm(*grad_fp8, weight_fp8.t(),
+                                     gemm_dtype(grad_2d.scalar_type(), device),
+                                     r.grad_input_fast_accum);
+    } else {
+      grad_input = at::mm(grad_2d, weight);
+    }
+    auto sizes = grad_output.sizes().vec();
+    sizes.back() = grad_input.size(-1);
+    grad_input = grad_input.reshape(sizes);
+
+    // grad_weight = grad_output.t() @ input.
+    const auto input_2d = input.defined() ? input.reshape({-1, input.size(-1)}) : at::Tensor();
+    at::Tensor grad_weight;
+    if (r.grad_output_for_grad_weight.enabled) {
+      auto grad_fp8_t = reuse_forward_cast(r, r.grad_output, r.grad_output_for_grad_weight)
+                            ? grad_fp8->t()
+                            : detail::cast_dynamic(grad_2d, r.grad_output_for_grad_weight, 0,
+                                                   r.round_scales_to_power_of_2)
+                                  .t();
+      auto input_fp8 = reuse_forward_cast(r, r.input, r.input_for_grad_weight)
+                           ? load_operand(ctx, "input")
+                           : detail::cast_dynamic(input_2d, r.input_for_grad_weight, 0,
+                                                  r.round_scales_to_power_of_2);
+      grad_weight = detail::scaled_mm(grad_fp8_t, input_fp8,
+                                      gemm_dtype(grad_2d.scalar_type(), device),
+                                      r.grad_weight_fast_accum);
+    } else {
+      // torchao multiplies grad_output and the input as they are; under CPU autocast they differ
+      // (bf16 and float32) and at::mm refuses, so the input takes grad_output's dtype.
+      grad_weight = at::mm(grad_2d.t(), input_2d.to(grad_2d.scalar_type()));
+    }
+    return {grad_input, grad_weight, at::Tensor()};
+  }
+};
+
+std::string describe(const Float8LinearImpl& layer) {
+  std::ostringstream out;
+  if (!layer.qualified_name().empty()) out << "'" << layer.qualified_name() << "' ";
+  out << "(in_features=" << layer.options.in_features()
+      << ", out_features=" << layer.options.out_features() << ")";
+  return out.str();
+}
+
+}  // namespace
+
+Float8AutocastGuard::Float8AutocastGuard(bool enabled) : previous_(float8_enabled) {
+  float8_enabled = enabled;
+}
+
+Float8AutocastGuard::~Float8AutocastGuard() { float8_enabled = previous_; }
+
+bool is_float8_enabled() { return float8_enabled; }
+
+Float8LinearImpl::Float8LinearImpl(Float8LinearOptions options_) : options(std::move(options_)) {
+  reset();
+}
+
+Float8LinearImpl::Float8LinearImpl(const torch::nn::LinearImpl& linear, Recipe recipe)
+    : options(Float8LinearOptions(linear.options.in_features(), linear.options.out_features())
+                  .bias(linear.options.bias())
+                  .recipe(std::move(recipe))) {
+  options.recipe().validate();
+  weight = register_parameter("weight", linear.weight);
+  bias = register_parameter("bias", linear.bias, /*requires_grad=*/linear.bias.defined() &&
+                                                     linear.bias.requires_grad());
+  register_delayed_buffers();
+}
+
+void Float8LinearImpl::reset() {
+  options.recipe().validate();
+  TORCH_CHECK(options.in_features() > 0 && options.out_features() > 0,
+              "amp::fp8::Float8Linear: in_features and out_features must be positive. Got ",
+              options.in_features(), " and ", options.out_features(), ".");
+  weight = register_parameter("weight",
+                              torch::empty({options.out_features(), options.in_features()}));
+  if (options.bias()) {
+    bias = register_parameter("bias", torch::empty(options.out_features()));
+  } else {
+    bias = register_parameter("bias", {}, /*requires_grad=*/false);
+  }
+  reset_parameters();
+  register_delayed_buffers();
+}
+
+void Float8LinearImpl::reset_parameters() {
+  // torch::nn::Linear's initialisation, so a seeded Float8Linear starts where a Linear would.
+  torch::NoGradGuard no_grad;
+  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5));
+  if (bias.defined()) {
+    const auto fan_in = static_cast<double>(options.in_features());
+    const auto bound = 1 / std::sqrt(fan_in);
+    torch::nn::init::uniform_(bias, -bound, bound);
+  }
+}
+
+void Float8LinearImpl::register_delayed_buffers() {
+  const auto& delayed = options.recipe().delayed_scaling;
+  if (!delayed) return;
+  const auto float_options = weight.options().dtype(at::kFloat);
+  for (const char* role : kRoles) {
+    register_buffer(std::string("amax_history_") + role,
+                    torch::zeros({delayed->amax_history_len()}, float_options));
+    register_buffer(std::string("scale_") + role, torch::ones({}, float_options));
+  }
+}
+
+void Float8LinearImpl::pretty_print(std::ostream& stream) const {
+  stream << "amp::fp8::Float8Linear(in_features=" << options.in_features()
+         << ", out_features=" << options.out_features() << ", bias=" << std::boolalpha
+         << options.bias() << ", recipe=" << options.recipe().name << ")";
+}
+
+at::Tensor Float8LinearImpl::forward(const at::Tensor& input_) {
+  if (!float8_enabled) return torch::nn::functional::linear(input_, weight, bias);
+  TORCH_CHECK(input_.dim() >= 1 && input_.size(-1) == options.in_features(),
+              "amp::fp8::Float8Linear ", describe(*this), ": the input's last dimension must be "
+              "in_features=", options.in_features(), ". Got an input of shape ", input_.sizes(),
+              ".");
+  at::Tensor input = input_;
+  // torchao's rule: with CUDA autocast on, the input is first cast to CUDA's autocast dtype.
+  if (at::autocast::is_autocast_enabled(at::kCUDA)) {
+    input = input.to(at::autocast::get_autocast_dtype(at::kCUDA));
+  }
+  const auto dtype = input.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+              "amp::fp8::Float8Linear ", describe(*this),
+              ": the input must be float32, bfloat16 or float16 to be cast to float8. Got ", dtype,
+              ".");
+  auto layer = c10::make_intrusive<LayerContext>();
+  layer->recipe = options.recipe();
+  layer->layer_name = describe(*this);
+  if (input.is_cuda()) {
+    check_cuda_dim(*layer, options.in_features(), "in_features");
+    check_cuda_dim(*layer, options.out_features(), "out_features");
+    // The rows are the reduction dimension of the grad_weight GEMM.
+    if (layer->recipe.input_for_grad_weight.enabled && at::GradMode::is_enabled() &&
+        weight.requires_grad()) {
+      check_cuda_dim(*layer, input.numel() / options.in_features(),
+                     "the number of input rows (the product of all dims but the last)");
+    }
+  }
+  if (layer->recipe.delayed_scaling) {
+    const auto buffers = named_buffers(/*recurse=*/false);
+    for (int role = 0; role < 3; ++role) {
+      layer->delayed[role].amax_history = buffers[std::string("amax_history_") + kRoles[role]];
+      layer->delayed[role].scale = buffers[std::string("scale_") + kRoles[role]];
+    }
+  }
+  auto output = Float8LinearFunction::apply(input, weight, layer);
+  if (bias.defined()) output = output + bias.to(output.scalar_type());
+  return output;
+}
+
+// ---- convert_to_float8_training ----
+namespace {
+
+// Replaces `old_child` in the container `parent` holds it in (Sequential, ModuleList, ModuleDict);
+// returns false when `parent` is no such container.
+bool replace_in_container(torch::nn::Module& parent, const std::shared_ptr<torch::nn::Module>& old_child,
+                          const Float8Linear& replacement) {
+  if (auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(&parent)) {
+    for (auto& slot : *sequential) {
+      if (slot.ptr().get() == old_child.get()) slot = torch::nn::AnyModule(replacement);
+    }
+    return true;
+  }
+  if (auto* list = dynamic_cast<torch::nn::ModuleListImpl*>(&parent)) {
+    for (auto& slot : *list) {
+      if (slot.get() == old_child.get()) slot = replacement.ptr();
+    }
+    return true;
+  }
+  if (auto* dict = dynamic_cast<torch::nn::ModuleDictImpl*>(&parent)) {
+    for (auto& item : *dict) {
+      if (item.value().get() == old_child.get()) item.value() = replacement.ptr();
+    }
+    return true;
+  }
+  return false;
+}
+
+bool is_container(const torch::nn::Module& module) {
+  return dynamic_cast<const torch::nn::SequentialImpl*>(&module) ||
+         dynamic_cast<const torch::nn::ModuleListImpl*>(&module) ||
+         dynamic_cast<const torch::nn::ModuleDictImpl*>(&module);
+}
+
+struct Candidate {
+  torch::nn::Module* parent;
+  std::string child_key;
+  std::string qualified_name;
+};
+
+}  // namespace
+
+std::vector<std::string> convert_to_float8_training(torch::nn::Module& module, const Recipe& recipe,
+                                                    const ModuleFilter& filter) {
+  recipe.validate();
+  // The parents, held while converting; the root may not live in a shared_ptr.
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> parents;
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+    if (!item.value()->as<torch::nn::LinearImpl>()) parents.emplace_back(item.key(), item.value());
+  }
+  std::vector<Candidate> candidates;
+  auto collect = [&](torch::nn::Module& parent, const std::string& prefix) {
+    for (const auto& child : parent.named_children()) {
+      const auto* linear = child.value()->as<torch::nn::LinearImpl>();
+      if (!linear) continue;
+      const auto name = prefix.empty() ? child.key() : prefix + "." + child.key();
+      if (filter && !filter(name, *linear)) continue;
+      candidates.push_back({&parent, child.key(), name});
+    }
+  };
+  collect(module, "");
+  for (const auto& [name, parent] : parents) collect(*parent, name);
+
+  // Every check before the first change: a refused conversion leaves the tree as it was.
+  for (const auto& c : candidates) {
+    auto child = c.parent->named_children()[c.child_key];
+    // The parent's registry, this copy, and the container's slot are the expected holders.
+    const long expected = 2 + (is_container(*c.parent) ? 1 : 0);
+    TORCH_CHECK(child.use_count() <= expected, "amp::fp8::convert_to_float8_training: the Linear '",
+                c.qualified_name,
+                "' is also held outside the module tree (for example by a torch::nn::Linear member "
+                "of its parent, or by two parents), and a C++ program cannot re-point that holder, "
+                "so forward() would keep calling the Linear. Declare the member as "
+                "amp::fp8::Float8Linear (it computes as Linear outside a Float8AutocastGuard) or "
+                "leave it out with the filter. Nothing was converted.");
+  }
+  std::vector<std::string> converted;
+  for (const auto& c : candidates) {
+    auto child = c.parent->named_children()[c.child_key];
+    Float8Linear replacement(std::make_shared<Float8LinearImpl>(
+        *child->as<torch::nn::LinearImpl>(), recipe));
+    replacement->set_qualified_name(c.qualified_name);
+    replace_in_container(*c.parent, child, replacement);
+    c.parent->replace_module(c.child_key, replacement);
+    converted.push_back(c.qualified_name);
+  }
+  return converted;
+}
+
+}  // namespace amp::fp8
