@@ -4,6 +4,7 @@
 #include <amp/fp8.h>
 
 #include <cmath>
+#include <functional>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -340,23 +341,20 @@ struct Candidate {
 std::vector<std::string> convert_to_float8_training(torch::nn::Module& module, const Recipe& recipe,
                                                     const ModuleFilter& filter) {
   recipe.validate();
-  // The parents, held while converting; the root may not live in a shared_ptr.
-  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> parents;
-  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
-    if (!item.value()->as<torch::nn::LinearImpl>()) parents.emplace_back(item.key(), item.value());
-  }
+  // Depth first, in registration order: the order of named_modules().
   std::vector<Candidate> candidates;
-  auto collect = [&](torch::nn::Module& parent, const std::string& prefix) {
-    for (const auto& child : parent.named_children()) {
-      const auto* linear = child.value()->as<torch::nn::LinearImpl>();
-      if (!linear) continue;
-      const auto name = prefix.empty() ? child.key() : prefix + "." + child.key();
-      if (filter && !filter(name, *linear)) continue;
-      candidates.push_back({&parent, child.key(), name});
-    }
-  };
-  collect(module, "");
-  for (const auto& [name, parent] : parents) collect(*parent, name);
+  std::function<void(torch::nn::Module&, const std::string&)> walk =
+      [&](torch::nn::Module& parent, const std::string& prefix) {
+        for (const auto& child : parent.named_children()) {
+          const auto name = prefix.empty() ? child.key() : prefix + "." + child.key();
+          if (const auto* linear = child.value()->as<torch::nn::LinearImpl>()) {
+            if (!filter || filter(name, *linear)) candidates.push_back({&parent, child.key(), name});
+          } else {
+            walk(*child.value(), name);
+          }
+        }
+      };
+  walk(module, "");
 
   // Every check before the first change: a refused conversion leaves the tree as it was.
   for (const auto& c : candidates) {

@@ -11,9 +11,9 @@
 
 namespace amp::fp8::detail {
 
-/// A tensor cast to float8 with its scale: torchao's Float8TrainingTensor without the subclass.
+/// A tensor cast to float8 with its scale (exported with cast_delayed for the unit tests): torchao's Float8TrainingTensor without the subclass.
 /// value ≈ data / scale.
-struct Float8Operand {
+struct AMP_EXPORT Float8Operand {
   /// Float8_e4m3fn or Float8_e5m2, in the layout the cast produced.
   at::Tensor data;
   /// float32; 0-dim for a tensorwise cast, the amax's keepdim shape for a rowwise one.
@@ -53,7 +53,7 @@ struct DelayedState {
 /// A delayed cast (DelayedScalingOptions' rule): quantises `x` with state.scale, then records
 /// its amax (NaN ignored, as Transformer Engine's fmaxf does; reduced across ranks when the
 /// options say so) and updates the history and scale in place. No host read.
-Float8Operand cast_delayed(const at::Tensor& x, c10::ScalarType fp8_dtype, DelayedState& state,
+AMP_EXPORT Float8Operand cast_delayed(const at::Tensor& x, c10::ScalarType fp8_dtype, DelayedState& state,
                            const DelayedScalingOptions& options);
 
 /// The history-and-scale update of a delayed cast whose amax is already in history[0].

@@ -247,6 +247,42 @@ TEST_CASE("bf16 weights with master copies, Kahan or stochastic rounding train a
   }
 }
 
+TEST_CASE("Float8 delayed scaling with amax_all_reduce keeps every rank's histories and scales equal",
+          "[distributed][fp8]") {
+  const int world = GENERATE(2, 3);
+  CAPTURE(world);
+  const auto synced = run_ranks({"fp8_delayed", "sync"}, world);
+  require_all_succeeded(synced);
+  INFO(describe(synced));
+  for (const auto& r : synced) {
+    for (const char* key : {"amax_history_input", "amax_history_weight", "amax_history_grad_output",
+                            "scale_input", "scale_weight", "scale_grad_output"}) {
+      CHECK(r.at(key) == synced[0].at(key));
+    }
+  }
+  // The input history holds, per step, the largest of the ranks' input amaxes. After three casts
+  // of a 4-long history: [0, step1, step2, step3].
+  std::vector<float> expected{0.0f};
+  for (const char* step : {"step1.input_amax", "step2.input_amax", "step3.input_amax"}) {
+    float largest = 0.0f;
+    for (const auto& r : synced) {
+      const uint32_t word = static_cast<uint32_t>(std::stoul(r.at(step), nullptr, 16));
+      float value = 0.0f;
+      std::memcpy(&value, &word, sizeof value);
+      largest = std::max(largest, value);
+    }
+    expected.push_back(largest);
+  }
+  CHECK(synced[0].at("amax_history_input") == bits(expected));
+
+  // Without the reduction each rank records its own amaxes, so the histories differ.
+  const auto local = run_ranks({"fp8_delayed", "local"}, world);
+  require_all_succeeded(local);
+  INFO(describe(local));
+  CHECK(local[0].at("amax_history_input") != local.back().at("amax_history_input"));
+  CHECK(local[0].at("scale_input") != local.back().at("scale_input"));
+}
+
 TEST_CASE("Scalers configured differently across ranks are refused on every rank",
           "[distributed]") {
   const auto results = run_ranks({"options_differ"}, 3);

@@ -21,6 +21,7 @@
 
 #include <amp/autocast.h>
 #include <amp/distributed.h>
+#include <amp/fp8.h>
 #include <amp/grad_scaler.h>
 #include <amp/optim.h>
 
@@ -212,6 +213,29 @@ void low_precision(const dist::TorchrunEnv& env, const std::string& mode) {
   print("host_reads", std::to_string(host_reads));
 }
 
+// A delayed-scaling Float8Linear trained on each rank's own data (rank r's inputs scaled by r + 1)
+// for three steps; with "sync" the amaxes are all-reduced (MAX), with "local" each rank keeps its
+// own. Prints the layer's histories and scales and each step's local input amax.
+void fp8_delayed(const dist::TorchrunEnv& env, const std::string& mode) {
+  auto group = dist::init_gloo_from_torchrun(group_options());
+  auto options = amp::fp8::DelayedScalingOptions().amax_history_len(4);
+  if (mode == "sync") options.amax_reduction(dist::amax_all_reduce(group));
+  at::manual_seed(11);
+  amp::fp8::Float8Linear layer(
+      amp::fp8::Float8LinearOptions(32, 16).recipe(amp::fp8::Recipe::delayed(options)));
+  torch::optim::SGD opt(layer->parameters(), 0.1);
+  amp::fp8::Float8AutocastGuard float8;
+  for (int step = 1; step <= 3; ++step) {
+    opt.zero_grad();
+    at::manual_seed(200 + 10 * step + env.rank);
+    const auto x = at::randn({8, 32}) * (env.rank + 1);
+    print("step" + std::to_string(step) + ".input_amax", hex(x.abs().max()));
+    layer->forward(x).square().mean().backward();
+    opt.step();
+  }
+  for (const auto& buffer : layer->named_buffers()) print(buffer.key(), hex(buffer.value()));
+}
+
 // The last rank's scaler has another growth_interval.
 void options_differ(const dist::TorchrunEnv& env) {
   auto group = dist::init_gloo_from_torchrun(group_options());
@@ -344,12 +368,14 @@ int main(int argc, char** argv) {
       ddp_parity(env, args[1], args[2]);
     } else if (scenario == "low_precision" && args.size() == 2) {
       low_precision(env, args[1]);
+    } else if (scenario == "fp8_delayed" && args.size() == 2) {
+      fp8_delayed(env, args[1]);
     } else if (scenario == "join") {
       join();
     } else {
       std::fprintf(stderr,
                    "usage: amp_distributed_worker "
-                   "skip|all_reduce|overflow|options_differ|dies|stalls|ddp_parity|low_precision|join "
+                   "skip|all_reduce|overflow|options_differ|dies|stalls|ddp_parity|low_precision|fp8_delayed|join "
                    "...\n");
       return 64;
     }

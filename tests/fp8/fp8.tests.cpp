@@ -1,0 +1,418 @@
+// amp::fp8 on the CPU: the float8 region and its threads, Float8Linear against torch::nn::Linear,
+// convert_to_float8_training on module trees and containers, recipes and their errors, Transformer
+// Engine's delayed-scaling rule step by step, checkpoints, and GradScaler and autocast with float8.
+// The bit-for-bit comparisons with torchao are in tests/parity/fp8_parity.py.
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <amp/archive.h>
+#include <amp/autocast.h>
+#include <amp/fp8.h>
+
+#include "fp8/scaling.h"
+#include "support/bits.h"
+#include "support/temp_dir.h"
+
+using amp::fp8::Float8AutocastGuard;
+using amp::fp8::Float8Linear;
+using amp::fp8::Float8LinearImpl;
+using amp::fp8::Float8LinearOptions;
+using amp::fp8::Recipe;
+using Catch::Matchers::Contains;
+
+namespace {
+
+bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
+         torch::equal(a.reshape({-1}).contiguous().view(torch::kUInt8),
+                      b.reshape({-1}).contiguous().view(torch::kUInt8));
+}
+
+struct Grads {
+  torch::Tensor output, input, weight, bias;
+};
+
+Grads run(const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+          const torch::Tensor& weight, const torch::Tensor& bias, const torch::Tensor& x) {
+  if (weight.grad().defined()) weight.mutable_grad().reset();
+  if (bias.defined() && bias.grad().defined()) bias.mutable_grad().reset();
+  auto input = x.detach().clone().requires_grad_(true);
+  auto output = forward(input);
+  output.square().sum().backward();
+  return {output.detach(), input.grad(), weight.grad().clone(),
+          bias.defined() ? bias.grad().clone() : torch::Tensor()};
+}
+
+// A module holding its Linear as a member handle, the usual C++ pattern.
+struct WithMember : torch::nn::Module {
+  WithMember() { fc = register_module("fc", torch::nn::Linear(4, 3)); }
+  torch::nn::Linear fc{nullptr};
+};
+
+}  // namespace
+
+TEST_CASE("Outside a float8 region Float8Linear is torch::nn::Linear, bit for bit",
+          "[fp8]") {
+  torch::manual_seed(5);
+  torch::nn::Linear linear(24, 10);
+  torch::manual_seed(5);
+  Float8Linear layer(24, 10);
+  // Same initialisation from the same seed.
+  CHECK(same_bits(layer->weight, linear->weight));
+  CHECK(same_bits(layer->bias, linear->bias));
+  const auto x = torch::randn({7, 24});
+  const auto expected = run([&](const torch::Tensor& in) { return linear(in); }, linear->weight,
+                            linear->bias, x);
+  const auto actual = run([&](const torch::Tensor& in) { return layer(in); }, layer->weight,
+                          layer->bias, x);
+  CHECK(same_bits(actual.output, expected.output));
+  CHECK(same_bits(actual.input, expected.input));
+  CHECK(same_bits(actual.weight, expected.weight));
+  CHECK(same_bits(actual.bias, expected.bias));
+  // The state dict is Linear's.
+  CHECK(layer->named_parameters().keys() == linear->named_parameters().keys());
+  CHECK(layer->named_buffers().size() == 0);
+}
+
+TEST_CASE("Inside a float8 region the three GEMMs are float8: close to Linear, not equal",
+          "[fp8]") {
+  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp",
+                               "delayed");
+  CAPTURE(recipe);
+  torch::manual_seed(6);
+  Float8Linear layer(Float8LinearOptions(32, 16).recipe(Recipe::from_name(recipe)));
+  const auto x = torch::randn({2, 8, 32});
+  const auto reference = run(
+      [&](const torch::Tensor& in) { return torch::nn::functional::linear(in, layer->weight, layer->bias); },
+      layer->weight, layer->bias, x);
+  Grads fp8;
+  {
+    Float8AutocastGuard float8;
+    // The delayed recipe's first cast uses scale 1; its second uses the recorded amaxes.
+    if (recipe == "delayed") run([&](const torch::Tensor& in) { return layer(in); }, layer->weight, layer->bias, x);
+    fp8 = run([&](const torch::Tensor& in) { return layer(in); }, layer->weight, layer->bias, x);
+  }
+  CHECK(fp8.output.sizes() == reference.output.sizes());
+  CHECK(fp8.output.scalar_type() == torch::kFloat);
+  for (const auto& [a, b] : std::vector<std::pair<torch::Tensor, torch::Tensor>>{
+           {fp8.output, reference.output}, {fp8.input, reference.input},
+           {fp8.weight, reference.weight}, {fp8.bias, reference.bias}}) {
+    CHECK_FALSE(torch::equal(a, b));
+    const double error = ((a - b).norm() / b.norm()).item<double>();
+    CHECK(error < 0.1);  // e4m3 keeps 3 mantissa bits, e5m2 two
+  }
+}
+
+TEST_CASE("The float8 region nests, restores what it found and belongs to its thread", "[fp8]") {
+  CHECK_FALSE(amp::fp8::is_float8_enabled());
+  {
+    Float8AutocastGuard outer;
+    CHECK(amp::fp8::is_float8_enabled());
+    {
+      Float8AutocastGuard off(false);
+      CHECK_FALSE(amp::fp8::is_float8_enabled());
+      {
+        Float8AutocastGuard on_again;
+        CHECK(amp::fp8::is_float8_enabled());
+      }
+      CHECK_FALSE(amp::fp8::is_float8_enabled());
+    }
+    CHECK(amp::fp8::is_float8_enabled());
+    bool seen_in_thread = true;
+    std::thread([&] { seen_in_thread = amp::fp8::is_float8_enabled(); }).join();
+    CHECK_FALSE(seen_in_thread);  // a new thread starts outside
+  }
+  CHECK_FALSE(amp::fp8::is_float8_enabled());
+}
+
+TEST_CASE("A backward follows its forward's choice, inside or outside the region", "[fp8]") {
+  torch::manual_seed(7);
+  Float8Linear layer(16, 16);
+  const auto x = torch::randn({4, 16}, torch::requires_grad());
+  auto grads_with_backward = [&](bool backward_in_region) {
+    layer->zero_grad();
+    torch::Tensor loss;
+    {
+      Float8AutocastGuard float8;
+      loss = layer(x).square().sum();
+      if (backward_in_region) loss.backward();
+    }
+    if (!backward_in_region) loss.backward();
+    return layer->weight.grad().clone();
+  };
+  const auto inside = grads_with_backward(true);
+  const auto outside = grads_with_backward(false);
+  CHECK(same_bits(inside, outside));
+  // A forward outside the region gives Linear's gradient even when backward runs inside one.
+  layer->zero_grad();
+  auto loss = layer(x).square().sum();
+  {
+    Float8AutocastGuard float8;
+    loss.backward();
+  }
+  auto plain = layer->weight.grad().clone();
+  layer->zero_grad();
+  torch::nn::functional::linear(x, layer->weight, layer->bias).square().sum().backward();
+  CHECK(same_bits(plain, layer->weight.grad()));
+  CHECK_FALSE(torch::equal(plain, inside));
+}
+
+TEST_CASE("convert_to_float8_training swaps Linear layers in module trees and containers",
+          "[fp8]") {
+  torch::manual_seed(8);
+  auto root = std::make_shared<torch::nn::Module>();
+  auto seq = root->register_module(
+      "seq", torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(),
+                                   torch::nn::Linear(16, 16)));
+  auto block = root->register_module("block", std::make_shared<torch::nn::Module>());
+  block->register_module("proj", torch::nn::Linear(16, 16));
+  auto list = root->register_module("list", torch::nn::ModuleList(torch::nn::Linear(16, 16)));
+  auto dict = root->register_module(
+      "dict", torch::nn::ModuleDict(torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>(
+                  {{"proj", torch::nn::Linear(16, 16).ptr()}, {"head", torch::nn::Linear(16, 4).ptr()}})));
+  const auto weight_before = root->named_parameters()["seq.0.weight"];
+  const auto x = torch::randn({4, 8});
+  const auto before = seq->forward(x);
+
+  std::vector<std::string> seen;
+  const auto converted = amp::fp8::convert_to_float8_training(
+      *root, Recipe::rowwise(), [&](const std::string& name, const torch::nn::LinearImpl& linear) {
+        seen.push_back(name);
+        return linear.options.out_features() != 4;  // keep the head in high precision
+      });
+  CHECK(seen == std::vector<std::string>{"seq.0", "seq.2", "block.proj", "list.0", "dict.proj",
+                                         "dict.head"});
+  CHECK(converted == std::vector<std::string>{"seq.0", "seq.2", "block.proj", "list.0", "dict.proj"});
+  // The registry and the containers hold the new layers; the parameters are the same tensors.
+  const auto named = root->named_modules();
+  for (const auto& name : converted) {
+    INFO(name);
+    REQUIRE(named[name]->as<Float8LinearImpl>() != nullptr);
+    CHECK(named[name]->as<Float8LinearImpl>()->qualified_name() == name);
+  }
+  CHECK(named["dict.head"]->as<torch::nn::LinearImpl>() != nullptr);
+  CHECK(seq->ptr(0)->as<Float8LinearImpl>() != nullptr);
+  CHECK(seq->ptr(2)->as<Float8LinearImpl>() != nullptr);
+  CHECK(list->ptr(0)->as<Float8LinearImpl>() != nullptr);
+  CHECK((*dict)["proj"]->as<Float8LinearImpl>() != nullptr);
+  CHECK((*dict)["head"]->as<torch::nn::LinearImpl>() != nullptr);
+  CHECK(root->named_parameters()["seq.0.weight"].unsafeGetTensorImpl() ==
+        weight_before.unsafeGetTensorImpl());
+  CHECK(root->named_parameters().size() == 12);
+
+  // Sequential's forward runs the new layers: the same output outside the region, float8 inside.
+  CHECK(same_bits(seq->forward(x), before));
+  {
+    Float8AutocastGuard float8;
+    CHECK_FALSE(torch::equal(seq->forward(x), before));
+  }
+  // A second conversion finds nothing left to convert.
+  CHECK(amp::fp8::convert_to_float8_training(
+            *root, Recipe::rowwise(),
+            [](const std::string& name, const torch::nn::LinearImpl&) { return name != "dict.head"; })
+            .empty());
+}
+
+TEST_CASE("convert_to_float8_training refuses a Linear it cannot swap, and changes nothing",
+          "[fp8]") {
+  auto module = std::make_shared<WithMember>();
+  auto extra = module->register_module("plain", torch::nn::Sequential(torch::nn::Linear(3, 3)));
+  CHECK_THROWS_WITH(amp::fp8::convert_to_float8_training(*module),
+                    Contains("the Linear 'fc' is also held outside the module tree") &&
+                        Contains("Declare the member as amp::fp8::Float8Linear") &&
+                        Contains("Nothing was converted."));
+  CHECK(module->named_modules()["plain.0"]->as<torch::nn::LinearImpl>() != nullptr);
+  // Leaving it out with the filter converts the rest.
+  const auto converted = amp::fp8::convert_to_float8_training(
+      *module, Recipe::tensorwise(),
+      [](const std::string& name, const torch::nn::LinearImpl&) { return name != "fc"; });
+  CHECK(converted == std::vector<std::string>{"plain.0"});
+}
+
+TEST_CASE("Float8Linear and Recipe refuse bad input with a sentence", "[fp8]") {
+  Float8Linear layer(8, 4);
+  Float8AutocastGuard float8;
+  CHECK_THROWS_WITH(layer(torch::randn({2, 8}, torch::kDouble)),
+                    Contains("Float8Linear (in_features=8, out_features=4): the input must be "
+                             "float32, bfloat16 or float16 to be cast to float8. Got Double."));
+  CHECK_THROWS_WITH(layer(torch::randn({2, 5})),
+                    Contains("the input's last dimension must be in_features=8. Got an input of "
+                             "shape [2, 5]."));
+  CHECK_THROWS_WITH(Recipe::from_name("blockwise"),
+                    Contains("unknown recipe name 'blockwise'; use tensorwise, rowwise, "
+                             "rowwise_with_gw_hp or delayed."));
+  auto mixed = Recipe::tensorwise();
+  mixed.weight.enabled = false;
+  CHECK_THROWS_WITH(Float8Linear(Float8LinearOptions(8, 4).recipe(mixed)),
+                    Contains("the output GEMM has input in float8 but weight in high precision"));
+  auto two_dtypes = Recipe::tensorwise();
+  two_dtypes.input_for_grad_weight.dtype = torch::kFloat8_e5m2;
+  CHECK_THROWS_WITH(two_dtypes.validate(), Contains("input is cast to Float8_e4m3fn for one GEMM"));
+  auto not_fp8 = Recipe::tensorwise();
+  not_fp8.grad_output.dtype = torch::kBFloat16;
+  CHECK_THROWS_WITH(not_fp8.validate(),
+                    Contains("grad_output.dtype must be Float8_e4m3fn or Float8_e5m2. Got BFloat16."));
+  auto rowwise_delayed = Recipe::delayed();
+  rowwise_delayed.input.granularity = rowwise_delayed.input_for_grad_weight.granularity =
+      amp::fp8::Granularity::rowwise;
+  CHECK_THROWS_WITH(rowwise_delayed.validate(),
+                    Contains("the delayed recipe casts every operand tensorwise"));
+  CHECK_THROWS_WITH(Recipe::delayed(amp::fp8::DelayedScalingOptions().amax_history_len(0)).validate(),
+                    Contains("amax_history_len must be at least 1. Got 0."));
+  CHECK_THROWS_WITH(Recipe::delayed(amp::fp8::DelayedScalingOptions().margin(-1)).validate(),
+                    Contains("margin must be in [0, 126]. Got -1."));
+}
+
+TEST_CASE("Delayed scaling follows Transformer Engine's rule cast by cast", "[fp8]") {
+  using amp::fp8::detail::cast_delayed;
+  amp::fp8::detail::DelayedState state{torch::zeros({3}), torch::ones({})};
+  auto options = amp::fp8::DelayedScalingOptions().amax_history_len(3);
+  const auto e4m3 = torch::kFloat8_e4m3fn;
+  auto cast_amax = [&](float amax, float other = 0.5f) {
+    return cast_delayed(torch::tensor({other, -amax}), e4m3, state, options);
+  };
+  auto history = [&] { return std::vector<float>(state.amax_history.data_ptr<float>(),
+                                                 state.amax_history.data_ptr<float>() + 3); };
+  auto scale = [&] { return state.scale.item<float>(); };
+
+  // The first cast uses scale 1: -600 saturates to -448.
+  auto first = cast_amax(600.0f);
+  CHECK(first.scale.item<float>() == 1.0f);
+  CHECK(first.data.to(torch::kFloat)[1].item<float>() == -448.0f);
+  CHECK(history() == std::vector<float>{0, 0, 600});
+  CHECK(scale() == 448.0f / 600.0f);
+  // The next cast uses that scale; a zero amax keeps the scale (max over the history is 600).
+  auto second = cast_delayed(torch::zeros({4}), e4m3, state, options);
+  CHECK(second.scale.item<float>() == 448.0f / 600.0f);
+  CHECK(history() == std::vector<float>{0, 600, 0});
+  CHECK(scale() == 448.0f / 600.0f);
+  // An inf amax keeps the scale for as long as it stays in the history (three casts).
+  cast_amax(std::numeric_limits<float>::infinity());
+  CHECK(history() == std::vector<float>{0, 0, INFINITY});
+  CHECK(scale() == 448.0f / 600.0f);
+  cast_amax(2.0f);
+  CHECK(scale() == 448.0f / 600.0f);
+  cast_amax(4.0f);
+  CHECK(history() == std::vector<float>{0, 2, 4});
+  CHECK(scale() == 448.0f / 600.0f);
+  cast_amax(1.0f);
+  CHECK(history() == std::vector<float>{0, 4, 1});
+  CHECK(scale() == 112.0f);  // max(2, 4, 1) = 4 → 448 / 4
+  // NaN is ignored by the amax, as by Transformer Engine's fmaxf.
+  cast_delayed(torch::tensor({NAN, 3.0f}), e4m3, state, options);
+  CHECK(history() == std::vector<float>{0, 1, 3});
+  CHECK(scale() == 112.0f);
+  // most_recent and margin: (448 / 2^2) / 8 = 14.
+  options.amax_compute_algo(amp::fp8::AmaxComputeAlgo::most_recent).margin(2);
+  cast_amax(8.0f, 0.0f);
+  CHECK(scale() == 14.0f);
+  // A scale too large for float32 becomes FLT_MAX.
+  cast_amax(1e-38f, 0.0f);
+  CHECK(scale() == FLT_MAX);
+}
+
+TEST_CASE("A delayed-scaling checkpoint resumes bit for bit", "[fp8]") {
+  amp_test::TempDir dir("fp8_checkpoint");
+  const auto path = (dir.path() / "layer.pt").string();
+  auto make = [] {
+    torch::manual_seed(9);
+    return Float8Linear(Float8LinearOptions(16, 8).recipe(
+        Recipe::delayed(amp::fp8::DelayedScalingOptions().amax_history_len(5))));
+  };
+  auto train = [](Float8Linear& layer, int from, int to) {
+    torch::optim::SGD opt(layer->parameters(), 0.05);
+    Float8AutocastGuard float8;
+    for (int step = from; step < to; ++step) {
+      opt.zero_grad();
+      torch::manual_seed(100 + step);
+      layer(torch::randn({4, 16}) * (step + 1)).square().mean().backward();
+      opt.step();
+    }
+  };
+  auto straight = make();
+  train(straight, 0, 6);
+
+  auto first = make();
+  train(first, 0, 3);
+  torch::save(first, path);
+  auto resumed = make();
+  amp::load(resumed, path);
+  CHECK(resumed->named_buffers().size() == 6);
+  train(resumed, 3, 6);
+  for (const auto& item : straight->named_parameters()) {
+    CHECK(same_bits(item.value(), resumed->named_parameters()[item.key()]));
+  }
+  for (const auto& item : straight->named_buffers()) {
+    INFO(item.key());
+    CHECK(same_bits(item.value(), resumed->named_buffers()[item.key()]));
+  }
+  // The histories did record: a fresh layer's buffers differ.
+  CHECK_FALSE(torch::equal(make()->named_buffers()["scale_input"], resumed->named_buffers()["scale_input"]));
+}
+
+TEST_CASE("A loss scale does not change dynamic float8 gradients beyond the scale itself",
+          "[fp8]") {
+  // grad_output's own scale absorbs the loss scale: for a power of two the float8 bits are the
+  // same and the GEMMs' results are exactly S times larger, so unscaling restores them.
+  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp");
+  CAPTURE(recipe);
+  torch::manual_seed(10);
+  Float8Linear layer(Float8LinearOptions(32, 16).recipe(Recipe::from_name(recipe)));
+  const auto x = torch::randn({8, 32});
+  auto grad_with_loss_scale = [&](double loss_scale) {
+    layer->zero_grad();
+    Float8AutocastGuard float8;
+    (layer(x).square().mean() * loss_scale).backward();
+    return layer->weight.grad().clone();
+  };
+  const double scale = 65536.0;
+  CHECK(same_bits(grad_with_loss_scale(scale) / scale, grad_with_loss_scale(1.0)));
+}
+
+TEST_CASE("Under CPU autocast the output follows autocast's dtype", "[fp8]") {
+  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp",
+                               "delayed");
+  CAPTURE(recipe);
+  torch::manual_seed(12);
+  Float8Linear layer(Float8LinearOptions(16, 16).recipe(Recipe::from_name(recipe)));
+  auto x = torch::randn({4, 16}, torch::requires_grad());
+  torch::Tensor out;
+  {
+    Float8AutocastGuard float8;
+    amp::AutocastGuard autocast(amp::AutocastOptions(torch::kCPU).dtype(torch::kBFloat16));
+    out = layer(x);
+  }
+  CHECK(out.scalar_type() == torch::kBFloat16);
+  // torchao's rowwise_with_gw_hp raises here (its high-precision grad_weight GEMM meets bf16 and
+  // float32); amp multiplies in grad_output's dtype.
+  out.to(torch::kFloat).square().sum().backward();
+  CHECK(layer->weight.grad().scalar_type() == torch::kFloat);
+  CHECK(torch::isfinite(layer->weight.grad()).all().item<bool>());
+  CHECK(x.grad().scalar_type() == torch::kFloat);
+}
+
+TEST_CASE("A tensorwise layer keeps its input for the backward in float8", "[fp8]") {
+  // The input is released after the forward (only its float8 copy is kept): a weak reference
+  // to it expires once the caller drops it, while rowwise keeps it alive for its dim-0 cast.
+  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "delayed", "rowwise");
+  CAPTURE(recipe);
+  Float8Linear layer(Float8LinearOptions(16, 16).recipe(Recipe::from_name(recipe)));
+  Float8AutocastGuard float8;
+  torch::Tensor out;
+  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> input_storage;
+  {
+    auto hidden = torch::randn({4, 16}).requires_grad_(true) * 2;  // a non-leaf activation
+    input_storage.emplace(hidden.storage().getWeakStorageImpl());
+    out = layer(hidden);
+  }
+  CHECK(input_storage->expired() == (recipe != "rowwise"));
+  out.sum().backward();
+  CHECK(layer->weight.grad().defined());
+}
