@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -145,9 +146,20 @@ at::Tensor scaled_mm(const Float8Operand& a, const Float8Operand& b, c10::Scalar
   }
   const bool via_bf16 =
       rowwise && (out_dtype == at::kHalf || out_dtype == at::kFloat);
-  auto out = at::_scaled_mm(a_data, b_data, a_inverse, b_inverse, /*bias=*/std::nullopt,
-                            /*scale_result=*/std::nullopt,
-                            via_bf16 ? at::kBFloat16 : out_dtype, use_fast_accum);
+  at::Tensor out;
+  try {
+    out = at::_scaled_mm(a_data, b_data, a_inverse, b_inverse, /*bias=*/std::nullopt,
+                         /*scale_result=*/std::nullopt, via_bf16 ? at::kBFloat16 : out_dtype,
+                         use_fast_accum);
+  } catch (const c10::Error& error) {
+    // LibTorch 2.11's CPU emulation takes tensorwise scales only.
+    const std::string text = error.what_without_backtrace();
+    TORCH_CHECK(!(a_data.is_cpu() && text.find("per-tensor") != std::string::npos),
+                "amp::fp8: rowwise scales on the CPU need a LibTorch whose CPU at::_scaled_mm "
+                "takes them (2.14 does; this one says: ", text.substr(0, text.find('\n')),
+                "). Use the tensorwise or delayed recipe on this LibTorch, or run on CUDA.");
+    throw;
+  }
   if (post_inverse.defined()) out.mul_(post_inverse);
   if (via_bf16) out = out.to(out_dtype);
   return out;

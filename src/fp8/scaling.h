@@ -64,7 +64,7 @@ void update_delayed_scale(DelayedState& state, c10::ScalarType fp8_dtype,
 /// b column-major), a tensorwise scale repeated when the other operand is rowwise, the inverse
 /// scales passed as dequantisation factors, and for rowwise scales without fast accumulation a
 /// bfloat16 GEMM followed by the scales' product. The result has `out_dtype`.
-at::Tensor scaled_mm(const Float8Operand& a, const Float8Operand& b, c10::ScalarType out_dtype,
+AMP_EXPORT at::Tensor scaled_mm(const Float8Operand& a, const Float8Operand& b, c10::ScalarType out_dtype,
                      bool use_fast_accum);
 
 /// The largest finite value of a float8 dtype (448 for e4m3fn, 57344 for e5m2).
