@@ -53,12 +53,18 @@ void check_cuda_dim(const LayerContext& layer, int64_t size, const char* what) {
               "filter).");
 }
 
-// An operand's cast for its second GEMM can reuse the forward's float8 tensor when the two casts
-// are the same tensorwise cast (the bits are then the same), or always with delayed scaling,
-// which casts each operand once per step.
-bool reuse_forward_cast(const Recipe& recipe, const CastConfig& forward, const CastConfig& second) {
+// Whether an operand's cast for its second GEMM reuses the forward's float8 tensor (saved for the
+// backward) instead of casting the high-precision tensor again. Delayed scaling casts each
+// operand once per step, so it always reuses. A dynamic recipe reuses the input and grad_output
+// when both their casts are the same tensorwise cast (the bits are then the same: the input keeps
+// 1 byte an element for the backward instead of the activation, grad_output is cast once); the
+// weight it casts again, as torchao does, since the parameter is held anyway and a float8 copy
+// would add a byte per parameter.
+bool reuse_forward_cast(const Recipe& recipe, Role role, const CastConfig& forward,
+                        const CastConfig& second) {
   if (recipe.delayed_scaling) return true;
-  return forward == second && forward.enabled && forward.granularity == Granularity::tensorwise;
+  return role != kWeight && forward == second && forward.enabled &&
+         forward.granularity == Granularity::tensorwise;
 }
 
 detail::Float8Operand cast(LayerContext& layer, Role role, const CastConfig& config,
@@ -98,10 +104,10 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
       auto weight_fp8 = cast(*layer, kWeight, r.weight, weight_t, 0);
       output = detail::scaled_mm(input_fp8.flatten_rows(), weight_fp8, out_dtype,
                                  r.output_fast_accum);
-      if (reuse_forward_cast(r, r.input, r.input_for_grad_weight)) {
+      if (reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight)) {
         save_operand(ctx, "input", input_fp8.flatten_rows());
       }
-      if (reuse_forward_cast(r, r.weight, r.weight_for_grad_input)) {
+      if (reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input)) {
         save_operand(ctx, "weight", weight_fp8);
       }
     } else {
@@ -113,9 +119,9 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
     // or multiplies them in high precision: a tensorwise or delayed layer keeps its input in
     // float8 (1 byte an element) for the backward.
     const bool keep_input = !r.input_for_grad_weight.enabled ||
-                            !reuse_forward_cast(r, r.input, r.input_for_grad_weight);
+                            !reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight);
     const bool keep_weight = !r.weight_for_grad_input.enabled ||
-                             !reuse_forward_cast(r, r.weight, r.weight_for_grad_input);
+                             !reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input);
     ctx->save_for_backward({keep_input ? input : at::Tensor(), keep_weight ? weight : at::Tensor()});
     ctx->saved_data["layer"] =
         c10::IValue::make_capsule(c10::static_intrusive_pointer_cast<torch::CustomClassHolder>(layer));
@@ -139,7 +145,7 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
     std::optional<detail::Float8Operand> grad_fp8;
     if (r.grad_output.enabled) {
       grad_fp8 = cast(*layer, kGradOutput, r.grad_output, grad_2d, -1);
-      auto weight_fp8 = reuse_forward_cast(r, r.weight, r.weight_for_grad_input)
+      auto weight_fp8 = reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input)
                             ? load_operand(ctx, "weight")
                             : detail::cast_dynamic(weight.t(), r.weight_for_grad_input, -1,
                                                    r.round_scales_to_power_of_2);
@@ -157,12 +163,12 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
     const auto input_2d = input.defined() ? input.reshape({-1, input.size(-1)}) : at::Tensor();
     at::Tensor grad_weight;
     if (r.grad_output_for_grad_weight.enabled) {
-      auto grad_fp8_t = reuse_forward_cast(r, r.grad_output, r.grad_output_for_grad_weight)
+      auto grad_fp8_t = reuse_forward_cast(r, kGradOutput, r.grad_output, r.grad_output_for_grad_weight)
                             ? grad_fp8->t()
                             : detail::cast_dynamic(grad_2d, r.grad_output_for_grad_weight, 0,
                                                    r.round_scales_to_power_of_2)
                                   .t();
-      auto input_fp8 = reuse_forward_cast(r, r.input, r.input_for_grad_weight)
+      auto input_fp8 = reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight)
                            ? load_operand(ctx, "input")
                            : detail::cast_dynamic(input_2d, r.input_for_grad_weight, 0,
                                                   r.round_scales_to_power_of_2);

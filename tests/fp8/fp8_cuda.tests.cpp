@@ -139,8 +139,8 @@ TEST_CASE("A Float8Linear trains on CUDA as on the CPU, for every recipe", "[fp8
     auto out_gpu = gpu->forward(x_gpu);
     if (step == 0 && recipe != "delayed") {
       // The casts are elementwise and the amaxes exact: the float8 inputs agree, and the first
-      // output differs only by the GEMM's summation order.
-      CHECK(relative_error(out_gpu, out_cpu) < (dtype == torch::kFloat ? 1e-5 : 1e-2));
+      // output differs only by the GEMM's accumulation (fast accumulation on the GPU).
+      CHECK(relative_error(out_gpu, out_cpu) < (dtype == torch::kFloat ? 1e-3 : 1e-2));
     }
     CHECK(out_gpu.scalar_type() == dtype);
     cpu_opt.zero_grad();
