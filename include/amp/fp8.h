@@ -155,7 +155,8 @@ struct AMP_EXPORT Float8LinearOptions {
 /// names ("weight" [out, in], "bias" [out]) in the module's dtype: they are the master weights
 /// the optimizer updates, so state dicts and optimizers see an ordinary Linear. The delayed recipe
 /// adds float32 buffers "amax_history_{input,weight,grad_output}" [history_len] and
-/// "scale_{input,weight,grad_output}" [], saved and loaded with the module.
+/// "scale_{input,weight,grad_output}" [], saved and loaded with the module; they stay float32
+/// when the module's dtype changes (to(), amp::to_low_precision).
 ///
 /// forward(input [..., in]) -> [..., out]. Inside a Float8AutocastGuard the input and weight are
 /// cast to float8 and multiplied with at::_scaled_mm, and the backward casts grad_output and
@@ -176,6 +177,11 @@ class AMP_EXPORT Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl
   Float8LinearImpl(const torch::nn::LinearImpl& linear, Recipe recipe);
 
   void reset() override;
+  /// As Module::to, except that the delayed recipe's buffers stay float32 (a dtype change casts
+  /// the parameters only; a device change moves everything).
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
   /// torch::nn::Linear's initialisation (Kaiming-uniform weight, uniform bias).
   void reset_parameters();
   void pretty_print(std::ostream& stream) const override;

@@ -255,6 +255,35 @@ void Float8LinearImpl::register_delayed_buffers() {
   }
 }
 
+namespace {
+
+// Runs `change` (a Module::to) and gives the float32 buffers back their float32 values on the
+// device the change left them on.
+template <typename Change>
+void keeping_float32_buffers(torch::nn::Module& module, Change change) {
+  std::vector<std::pair<at::Tensor, at::Tensor>> kept;
+  for (auto& buffer : module.named_buffers(/*recurse=*/false)) {
+    if (buffer.value().scalar_type() == at::kFloat) kept.emplace_back(buffer.value(), buffer.value().clone());
+  }
+  change();
+  torch::NoGradGuard no_grad;
+  for (auto& [buffer, value] : kept) buffer.set_data(value.to(buffer.device()));
+}
+
+}  // namespace
+
+void Float8LinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  keeping_float32_buffers(*this, [&] { Module::to(device, dtype, non_blocking); });
+}
+
+void Float8LinearImpl::to(torch::Dtype dtype, bool non_blocking) {
+  keeping_float32_buffers(*this, [&] { Module::to(dtype, non_blocking); });
+}
+
+void Float8LinearImpl::to(torch::Device device, bool non_blocking) {
+  Module::to(device, non_blocking);
+}
+
 void Float8LinearImpl::pretty_print(std::ostream& stream) const {
   stream << "amp::fp8::Float8Linear(in_features=" << options.in_features()
          << ", out_features=" << options.out_features() << ", bias=" << std::boolalpha

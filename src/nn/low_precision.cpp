@@ -2,6 +2,8 @@
 // the subtrees the keep predicate selects.
 #include <amp/low_precision.h>
 
+#include <amp/fp8.h>
+
 #include <array>
 #include <string_view>
 
@@ -24,7 +26,10 @@ void cast_tree(torch::nn::Module& module, const std::string& name, c10::ScalarTy
                const KeepPredicate& keep) {
   if (keep && keep(name, module)) return;
   for (auto& param : module.named_parameters(/*recurse=*/false)) cast_in_place(param.value(), dtype);
-  for (auto& buffer : module.named_buffers(/*recurse=*/false)) cast_in_place(buffer.value(), dtype);
+  // A float8 layer's delayed-scaling state (amax histories, scales) stays float32.
+  if (!module.as<fp8::Float8LinearImpl>()) {
+    for (auto& buffer : module.named_buffers(/*recurse=*/false)) cast_in_place(buffer.value(), dtype);
+  }
   for (const auto& child : module.named_children()) {
     cast_tree(*child.value(), name.empty() ? child.key() : name + "." + child.key(), dtype, keep);
   }

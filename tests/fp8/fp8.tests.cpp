@@ -15,6 +15,7 @@
 #include <amp/archive.h>
 #include <amp/autocast.h>
 #include <amp/fp8.h>
+#include <amp/low_precision.h>
 
 #include "fp8/scaling.h"
 #include "support/bits.h"
@@ -451,5 +452,27 @@ TEST_CASE("A rowwise layer on a CPU without rowwise scales says so", "[fp8]") {
     CHECK_THROWS_WITH(layer(x), Contains("amp::fp8: rowwise scales on the CPU need a LibTorch whose "
                                          "CPU at::_scaled_mm takes them") &&
                                     Contains("Use the tensorwise or delayed recipe"));
+  }
+}
+
+TEST_CASE("The delayed recipe's state stays float32 when the module's dtype changes", "[fp8]") {
+  auto make = [] {
+    torch::manual_seed(13);
+    return Float8Linear(Float8LinearOptions(16, 16).recipe(Recipe::delayed()));
+  };
+  auto by_to = make();
+  by_to->to(torch::kBFloat16);
+  auto by_low_precision = make();
+  amp::to_low_precision(*by_low_precision, torch::kBFloat16);
+  for (auto* layer : {&by_to, &by_low_precision}) {
+    CHECK((*layer)->weight.scalar_type() == torch::kBFloat16);
+    for (const auto& buffer : (*layer)->named_buffers()) {
+      INFO(buffer.key());
+      CHECK(buffer.value().scalar_type() == torch::kFloat);
+    }
+    Float8AutocastGuard float8;
+    const auto out = (*layer)(torch::randn({4, 16}).to(torch::kBFloat16));
+    CHECK(out.scalar_type() == torch::kBFloat16);
+    CHECK((*layer)->named_buffers()["scale_input"].item<float>() != 1.0f);  // updated
   }
 }
