@@ -3,6 +3,7 @@
 #pragma once
 
 #include <amp/autocast.h>
+#include <amp/fp8.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
@@ -18,7 +19,7 @@ namespace amp_examples {
 
 /// The fraction of `test` that `model` classifies correctly (the largest logit is the label), in
 /// eval mode, without gradients, and under `precision`'s autocast on `device` (a disabled guard
-/// for fp32), as training ran.
+/// for fp32) and float8 region, as training ran.
 /// Args: model: a module holder whose forward maps a batch of images to logits; chunk: images per
 ///   forward pass, which only bounds memory.
 template <class Model>
@@ -28,6 +29,7 @@ double test_accuracy(Model& model, const ImageSet& test, const Precision& precis
   at::NoGradGuard no_grad;
   amp::AutocastGuard autocast(device, precision.autocast_dtype,
                               precision.autocast_dtype.has_value());
+  amp::fp8::Float8AutocastGuard float8(precision.float8);
   at::Tensor correct = at::zeros({}, test.labels.options());
   for (std::int64_t start = 0; start < test.size(); start += chunk) {
     const std::int64_t end = std::min(start + chunk, test.size());

@@ -1,6 +1,8 @@
 // The examples' --precision and --device options and the check that the device is usable.
 #include "precision.h"
 
+#include <amp/fp8.h>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/cuda.h>
@@ -29,18 +31,50 @@ std::string value_name(const std::array<Choice, N>& choices) {
 
 }  // namespace
 
-const Precision& parse_precision(std::string_view text) {
-  return kPrecisions[parse_choice("--precision", text, names_of(kPrecisions))];
+const Precision& parse_precision(std::string_view text, bool float8) {
+  auto names = names_of(kPrecisions);
+  if (float8) names.push_back(kFloat8Precision.name);
+  const std::size_t index = parse_choice("--precision", text, names);
+  return index < kPrecisions.size() ? kPrecisions[index] : kFloat8Precision;
 }
 
 const DeviceChoice& parse_device(std::string_view text) {
   return kDevices[parse_choice("--device", text, names_of(kDevices))];
 }
 
-void add_precision_option(CommandLine& cli, Precision& target) {
-  cli.add_option("precision", value_name(kPrecisions),
+void add_precision_option(CommandLine& cli, Precision& target, bool float8) {
+  std::string values = value_name(kPrecisions);
+  if (float8) values.insert(values.size() - 1, ",fp8");
+  cli.add_option("precision", values,
                  fmt::format("forward-pass precision (default {})", target.name),
-                 [&target](std::string_view value) { target = parse_precision(value); });
+                 [&target, float8](std::string_view value) {
+                   target = parse_precision(value, float8);
+                 });
+}
+
+void add_fp8_recipe_option(CommandLine& cli, std::string& target) {
+  cli.add_option("fp8-recipe", "{tensorwise,rowwise,rowwise_with_gw_hp,delayed}",
+                 fmt::format("with --precision fp8: torchao's dynamic recipes or Transformer "
+                             "Engine's delayed scaling (default {})",
+                             target),
+                 [&target](std::string_view value) {
+                   try {
+                     amp::fp8::Recipe::from_name(std::string(value));
+                   } catch (const c10::Error&) {
+                     throw UsageError(fmt::format(
+                         "--fp8-recipe {} is not a recipe; use tensorwise, rowwise, "
+                         "rowwise_with_gw_hp or delayed",
+                         value));
+                   }
+                   target = std::string(value);
+                 });
+}
+
+void check_fp8_recipe(const std::string& recipe, const Precision& precision) {
+  if (recipe != "tensorwise" && !precision.float8) {
+    throw UsageError(fmt::format("--fp8-recipe {} applies to --precision fp8 (got --precision {})",
+                                 recipe, precision.name));
+  }
 }
 
 void add_device_option(CommandLine& cli, DeviceChoice& target) {

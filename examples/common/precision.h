@@ -9,6 +9,7 @@
 
 #include <array>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "cli.h"
@@ -25,6 +26,9 @@ struct Precision {
   /// small gradients underflow to zero unless the loss is scaled up first. bfloat16 has float32's
   /// range and needs no scaling.
   bool loss_scaling;
+  /// Whether the linear layers compute in float8 (amp::fp8::Float8AutocastGuard, inside bf16
+  /// autocast): only for examples whose layers are amp::fp8::Float8Linear.
+  bool float8 = false;
 };
 
 inline constexpr std::array kPrecisions = {
@@ -32,6 +36,11 @@ inline constexpr std::array kPrecisions = {
     Precision{"bf16", "bfloat16 autocast", c10::ScalarType::BFloat16, false},
     Precision{"fp16", "float16 autocast, GradScaler loss scaling", c10::ScalarType::Half, true},
 };
+
+/// --precision fp8, for the examples built on amp::fp8::Float8Linear (add_precision_option with
+/// float8 true): float8 GEMMs (the recipe --fp8-recipe names), bf16 autocast around them.
+inline constexpr Precision kFloat8Precision{
+    "fp8", "float8 GEMMs in bfloat16 autocast", c10::ScalarType::BFloat16, false, true};
 
 /// A value of --device.
 struct DeviceChoice {
@@ -44,16 +53,24 @@ inline constexpr std::array kDevices = {
     DeviceChoice{"cuda", c10::DeviceType::CUDA},
 };
 
-/// Finds the precision named `text`.
+/// Finds the precision named `text` (with `float8`, "fp8" too).
 /// Errors: UsageError naming --precision, the text and the accepted names.
-const Precision& parse_precision(std::string_view text);
+const Precision& parse_precision(std::string_view text, bool float8 = false);
 
 /// Finds the device named `text`.
 /// Errors: UsageError naming --device, the text and the accepted names.
 const DeviceChoice& parse_device(std::string_view text);
 
-/// Registers --precision {fp32,bf16,fp16}; `target` holds the default and receives the choice.
-void add_precision_option(CommandLine& cli, Precision& target);
+/// Registers --precision {fp32,bf16,fp16} (and fp8 with `float8`); `target` holds the default and
+/// receives the choice.
+void add_precision_option(CommandLine& cli, Precision& target, bool float8 = false);
+
+/// Registers --fp8-recipe {tensorwise,rowwise,rowwise_with_gw_hp,delayed}, the amp::fp8::Recipe
+/// name of --precision fp8; `target` holds the default and receives the choice.
+void add_fp8_recipe_option(CommandLine& cli, std::string& target);
+
+/// Errors: UsageError when `recipe` is not the default and `precision` is not fp8.
+void check_fp8_recipe(const std::string& recipe, const Precision& precision);
 
 /// Registers --device {cpu,cuda}; `target` holds the default and receives the choice.
 void add_device_option(CommandLine& cli, DeviceChoice& target);

@@ -3,6 +3,7 @@
 // GradScaler::unscale_and_clip_, a warmup + cosine learning-rate schedule, and a checkpoint every
 // epoch that resumes exactly.
 #include <amp/autocast.h>
+#include <amp/fp8.h>
 #include <amp/grad_scaler.h>
 #include <amp/low_precision.h>
 #include <amp/optim.h>
@@ -108,6 +109,8 @@ struct Settings {
   double clip = 1.0;
   std::int64_t seed = 0;
   amp_examples::Precision precision = amp_examples::kPrecisions[1];  // bf16
+  /// --fp8-recipe: the float8 recipe of --precision fp8.
+  std::string fp8_recipe = "tensorwise";
   amp_examples::DeviceChoice device = amp_examples::kDevices[0];     // cpu
   amp::GradScalerOptions scaler = amp::GradScalerOptions().track_counters(true);
   /// --checkpoint and --resume.
@@ -118,11 +121,18 @@ struct Settings {
 };
 
 /// Flatten, then Linear(784, 512), ReLU, Linear(512, 256), ReLU, Linear(256, 10).
+/// The layers are amp::fp8::Float8Linear: torch::nn::Linear (same parameters, same initialisation)
+/// outside a float8 region, float8 GEMMs with `recipe` inside one (--precision fp8).
 struct MlpImpl : torch::nn::Module {
-  MlpImpl()
-      : hidden1(register_module("hidden1", torch::nn::Linear(kImagePixels, 512))),
-        hidden2(register_module("hidden2", torch::nn::Linear(512, 256))),
-        output(register_module("output", torch::nn::Linear(256, kNumClasses))) {}
+  explicit MlpImpl(const amp::fp8::Recipe& recipe)
+      : hidden1(register_module("hidden1", layer(kImagePixels, 512, recipe))),
+        hidden2(register_module("hidden2", layer(512, 256, recipe))),
+        output(register_module("output", layer(256, kNumClasses, recipe))) {}
+
+  static amp::fp8::Float8Linear layer(std::int64_t in, std::int64_t out,
+                                      const amp::fp8::Recipe& recipe) {
+    return amp::fp8::Float8Linear(amp::fp8::Float8LinearOptions(in, out).recipe(recipe));
+  }
 
   torch::Tensor forward(const torch::Tensor& images) {
     torch::Tensor x = torch::relu(hidden1(images.flatten(1)));
@@ -130,7 +140,7 @@ struct MlpImpl : torch::nn::Module {
     return output(x);
   }
 
-  torch::nn::Linear hidden1, hidden2, output;
+  amp::fp8::Float8Linear hidden1, hidden2, output;
 };
 TORCH_MODULE(Mlp);
 
@@ -159,6 +169,7 @@ std::pair<torch::Tensor, torch::Tensor> forward_loss(Mlp& model, const torch::Te
                                                      const Settings& settings) {
   const auto& dtype = settings.precision.autocast_dtype;
   amp::AutocastGuard autocast(settings.device.type, dtype, dtype.has_value());
+  amp::fp8::Float8AutocastGuard float8(settings.precision.float8);
   torch::Tensor logits = model->forward(images);
   torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
   return {logits, loss};
@@ -263,6 +274,7 @@ std::vector<amp_examples::CheckpointSetting> resume_keys(const Settings& setting
           {"--optimizer", std::string(settings.optimizer.name), std::string("adamw")},
           {"--weights", std::string(settings.weights.name), std::string("fp32")},
           {"--low-precision", std::string(settings.low_precision.name), std::string("none")},
+          {"--fp8-recipe", settings.fp8_recipe, std::string("tensorwise")},
           {"batch-size", settings.batch_size},
           {"accumulate", settings.accumulate},
           {"lr", settings.lr},
@@ -323,7 +335,7 @@ void run(const Settings& settings) {
   // The weights come from the seeded default generator on the CPU, then move, so every device
   // starts from the same model.
   torch::manual_seed(static_cast<std::uint64_t>(settings.seed));
-  Mlp model;
+  Mlp model(amp::fp8::Recipe::from_name(settings.fp8_recipe));
   model->to(settings.device.type);
   // bf16 weights (before the optimizer sees them); autocast then runs the forward pass in bf16.
   if (settings.weights.bf16) amp::to_low_precision(*model, torch::kBFloat16);
@@ -413,7 +425,8 @@ amp_examples::CommandLine make_command_line(Settings& s) {
                         "with --weights bf16: how FusedAdamW keeps small updates (fp32 master "
                         "weights, Kahan summation, stochastic rounding, or none)",
                         kLowPrecision, s.low_precision);
-  amp_examples::add_precision_option(cli, s.precision);
+  amp_examples::add_precision_option(cli, s.precision, /*float8=*/true);
+  amp_examples::add_fp8_recipe_option(cli, s.fp8_recipe);
   amp_examples::add_device_option(cli, s.device);
   amp_examples::add_init_scale_option(cli, s.scaler);
   s.checkpoint.add_to(cli,
@@ -440,6 +453,7 @@ void check_weights(const Settings& s) {
                                    " is an option of amp's FusedAdamW; use --optimizer "
                                    "fused-adamw.");
   }
+  amp_examples::check_fp8_recipe(s.fp8_recipe, s.precision);
   if (s.weights.bf16 && s.precision.name != "bf16") {
     throw amp_examples::UsageError("--weights bf16 computes under bf16 autocast; use --precision "
                                    "bf16 (got --precision " +

@@ -2,6 +2,7 @@
 // amp's fused one), cross-entropy, with the forward pass under amp::AutocastGuard, fp16 loss
 // scaling by amp::GradScaler, and checkpoints that resume exactly.
 #include <amp/autocast.h>
+#include <amp/fp8.h>
 #include <amp/grad_scaler.h>
 #include <amp/optim.h>
 
@@ -68,6 +69,8 @@ struct Settings {
   OptimizerChoice optimizer = kOptimizers[0];  // sgd
   std::int64_t seed = 0;
   amp_examples::Precision precision = amp_examples::kPrecisions[1];  // bf16
+  /// --fp8-recipe: the float8 recipe of --precision fp8.
+  std::string fp8_recipe = "tensorwise";
   amp_examples::DeviceChoice device = amp_examples::kDevices[0];     // cpu
   /// The GradScaler's settings, torch.amp's defaults unless --init-scale / --growth-interval say
   /// otherwise; `enabled` is set from the precision. The counters report skipped steps per epoch.
@@ -80,13 +83,18 @@ struct Settings {
   bool compare = false;
 };
 
-/// The seed's MyModel: flattens each image and applies one linear layer.
+/// The seed's MyModel: flattens each image and applies one linear layer, an
+/// amp::fp8::Float8Linear: torch::nn::Linear (same parameter, same initialisation) except inside
+/// a float8 region (--precision fp8), where it multiplies in float8 with `recipe`.
 struct MyModelImpl : torch::nn::Module {
-  MyModelImpl() : fc(register_module("fc", torch::nn::Linear(kImagePixels, kNumClasses))) {}
+  explicit MyModelImpl(const amp::fp8::Recipe& recipe)
+      : fc(register_module("fc", amp::fp8::Float8Linear(amp::fp8::Float8LinearOptions(
+                                     kImagePixels, kNumClasses)
+                                                            .recipe(recipe)))) {}
 
   torch::Tensor forward(const torch::Tensor& x) { return fc(x.view({-1, kImagePixels})); }
 
-  torch::nn::Linear fc;
+  amp::fp8::Float8Linear fc;
 };
 TORCH_MODULE(MyModel);
 
@@ -104,6 +112,7 @@ Forward forward_pass(MyModel& model, const torch::Tensor& images, const torch::T
   const amp_examples::Precision& precision = settings.precision;
   amp::AutocastGuard autocast(settings.device.type, precision.autocast_dtype,
                               precision.autocast_dtype.has_value());
+  amp::fp8::Float8AutocastGuard float8(precision.float8);
   torch::Tensor logits = model->forward(images);
   torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
   return {std::move(logits), std::move(loss)};
@@ -153,6 +162,7 @@ std::vector<amp_examples::CheckpointSetting> checkpoint_keys(const Settings& set
   // run continues with the one it started with; checkpoints from before --optimizer are SGD's.
   return {{"precision", std::string(settings.precision.name)},
           {"--optimizer", std::string(settings.optimizer.name), std::string("sgd")},
+          {"--fp8-recipe", settings.fp8_recipe, std::string("tensorwise")},
           {"batch-size", settings.batch_size},
           {"lr", settings.lr},
           {"seed", settings.seed},
@@ -175,7 +185,7 @@ amp_examples::RunReport train_model(const Settings& settings, const ImageSet& tr
   torch::manual_seed(static_cast<std::uint64_t>(settings.seed));
   // Initialised on the CPU from the seed and then moved, so every device starts from the same
   // weights.
-  MyModel model;
+  MyModel model(amp::fp8::Recipe::from_name(settings.fp8_recipe));
   model->to(device);
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (settings.optimizer.fused) {
@@ -301,7 +311,8 @@ amp_examples::CommandLine make_command_line(Settings& s) {
                         kOptimizers, s.optimizer);
   cli.add_integer_option("seed", "N", "seed of the weights' initialisation and the shuffling",
                          s.seed, 0);
-  amp_examples::add_precision_option(cli, s.precision);
+  amp_examples::add_precision_option(cli, s.precision, /*float8=*/true);
+  amp_examples::add_fp8_recipe_option(cli, s.fp8_recipe);
   amp_examples::add_device_option(cli, s.device);
   amp_examples::add_init_scale_option(cli, s.scaler);
   amp_examples::add_growth_interval_option(cli, s.scaler);
@@ -319,6 +330,7 @@ amp_examples::CommandLine make_command_line(Settings& s) {
 /// Refuses combinations of options that cannot run.
 void check_options(const Settings& settings) {
   settings.checkpoint.check();
+  amp_examples::check_fp8_recipe(settings.fp8_recipe, settings.precision);
   if (settings.compare && !settings.precision.autocast_dtype) {
     throw amp_examples::UsageError(
         "--compare trains fp32 against a mixed precision, so --precision fp32 leaves nothing "

@@ -16,6 +16,19 @@ foreach(_precision IN ITEMS fp32 bf16 fp16)
     OUTPUT "batch size 16 x 2 accumulated, 8 steps per epoch.*forward pass: logits ${_logits_${_precision}}, loss Float.*epoch 2/2: [^\n]*\\(clipped [0-8] of [0-8] steps\\), next lr [^,]+${_scale}, [0-9.]+ s\n"
     ARGS ${_mlp_args} --epochs 2 --precision ${_precision})
 endforeach()
+# Float8 layers (amp::fp8, emulated on the CPU) learn the fixture with each recipe; the logits
+# follow bf16 autocast.
+foreach(_recipe IN ITEMS tensorwise rowwise delayed)
+  amp_example_run(mlp_fashion learns_the_fixture_in_fp8_${_recipe} EXIT 0 EPOCHS 2 MIN_ACCURACY 90
+    OUTPUT "precision fp8 \\(float8 GEMMs in bfloat16 autocast\\).*forward pass: logits BFloat16, loss Float.*epoch 2/2: "
+    ARGS ${_mlp_args} --epochs 2 --precision fp8 --fp8-recipe ${_recipe})
+endforeach()
+amp_example_run(mlp_fashion rejects_an_fp8_recipe_without_fp8 EXIT 2
+  OUTPUT "mlp_fashion: error: --fp8-recipe rowwise applies to --precision fp8 \\(got --precision bf16\\)"
+  ARGS ${_mlp_args} --fp8-recipe rowwise)
+amp_example_run(mlp_fashion rejects_an_unknown_fp8_recipe EXIT 2
+  OUTPUT "mlp_fashion: error: --fp8-recipe blockwise is not a recipe; use tensorwise, rowwise, rowwise_with_gw_hp or delayed"
+  ARGS ${_mlp_args} --precision fp8 --fp8-recipe blockwise)
 # A norm bound far below the gradients' clips every step, and the report counts them.
 amp_example_run(mlp_fashion clips_every_step_through_the_scaler EXIT 0 EPOCHS 2
   OUTPUT "epoch 1/2: [^\n]*\\(clipped 8 of 8 steps\\)[^\n]*\nepoch 2/2: [^\n]*\\(clipped 8 of 8 steps\\)[^\n]*, loss scale"
@@ -81,7 +94,7 @@ amp_example_run(mlp_fashion rejects_zero_accumulation EXIT 2
   OUTPUT "mlp_fashion: error: --accumulate must be a whole number from 1 to [0-9]+, not '0'.*usage: mlp_fashion"
   ARGS --accumulate 0)
 amp_example_run(mlp_fashion prints_help EXIT 0
-  OUTPUT "usage: mlp_fashion .*--accumulate N.*--optimizer \\{adamw,fused-adamw\\}.*--clip NORM.*--precision \\{fp32,bf16,fp16\\}.*--device \\{cpu,cuda\\}.*--resume.*--stop-after N"
+  OUTPUT "usage: mlp_fashion .*--accumulate N.*--optimizer \\{adamw,fused-adamw\\}.*--clip NORM.*--precision \\{fp32,bf16,fp16,fp8\\}.*--fp8-recipe.*--device \\{cpu,cuda\\}.*--resume.*--stop-after N"
   ARGS --help)
 amp_example_run(mlp_fashion rejects_cuda_without_a_gpu EXIT 1
   SKIP_IF "device cuda, epochs"

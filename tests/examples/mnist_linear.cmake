@@ -19,6 +19,12 @@ foreach(_precision IN ITEMS fp32 bf16 fp16)
 endforeach()
 # An initial scale of 2^20 overflows float16 weight gradients on the fixture: the scaler skips the
 # first two steps, backing off to 2^18, where they fit, and the fp16 run still learns the fixture.
+# The seed's Linear(784, 10) in float8 (amp::fp8, emulated on the CPU), tensorwise and delayed.
+foreach(_recipe IN ITEMS tensorwise delayed)
+  amp_example_run(mnist_linear learns_the_fixture_in_fp8_${_recipe} EXIT 0 EPOCHS 4 MIN_ACCURACY 90
+    OUTPUT "precision fp8 .*forward pass: logits BFloat16, loss Float"
+    ARGS --data "${_fixture}/good" --epochs 4 --precision fp8 --fp8-recipe ${_recipe})
+endforeach()
 amp_example_run(mnist_linear skips_overflowing_fp16_steps_and_backs_off EXIT 0 EPOCHS 4 MIN_ACCURACY 90
   SCALER ON
   OUTPUT "epoch 1/4: [^\n]*, loss scale 262144, skipped steps 2 of 4, .*epoch 4/4: [^\n]*, loss scale 262144, skipped steps 0 of 4, "
@@ -120,7 +126,7 @@ amp_example_run(mnist_linear rejects_zero_metrics_steps EXIT 2
   ARGS --metrics-every 0)
 
 amp_example_run(mnist_linear prints_help EXIT 0
-  OUTPUT "usage: mnist_linear .*--optimizer \\{sgd,fused-sgd\\}.*--precision \\{fp32,bf16,fp16\\}.*--device \\{cpu,cuda\\}.*--resume\\].*--data DIR"
+  OUTPUT "usage: mnist_linear .*--optimizer \\{sgd,fused-sgd\\}.*--precision \\{fp32,bf16,fp16,fp8\\}.*--fp8-recipe.*--device \\{cpu,cuda\\}.*--resume\\].*--data DIR"
   ARGS --help)
 amp_example_run(mnist_linear rejects_an_unknown_option EXIT 2
   OUTPUT "mnist_linear: error: unknown option '--frobnicate'.*usage: mnist_linear"

@@ -98,3 +98,30 @@ TEST_CASE("A CUDA device without a GPU is refused, saying to use the CPU", "[exa
 TEST_CASE("A CUDA device is accepted where a GPU is usable", "[examples][cuda]") {
   CHECK_NOTHROW(amp_examples::require_device(amp_examples::parse_device("cuda")));
 }
+
+TEST_CASE("The fp8 precision and --fp8-recipe exist only where an example asks for them",
+          "[examples]") {
+  amp_examples::Precision precision = amp_examples::kPrecisions[1];
+  std::string recipe = "tensorwise";
+  amp_examples::CommandLine cli("prog", "Trains.");
+  amp_examples::add_precision_option(cli, precision, /*float8=*/true);
+  amp_examples::add_fp8_recipe_option(cli, recipe);
+  CHECK_THAT(cli.usage(), Catch::Contains("--precision {fp32,bf16,fp16,fp8}"));
+  CHECK(parse(cli, {"--precision", "fp8", "--fp8-recipe", "delayed"}));
+  CHECK(precision.name == "fp8");
+  CHECK(precision.float8);
+  CHECK(precision.autocast_dtype == c10::ScalarType::BFloat16);
+  CHECK(recipe == "delayed");
+  CHECK_THROWS_WITH(parse(cli, {"--fp8-recipe", "blockwise"}),
+                    Catch::Contains("--fp8-recipe blockwise is not a recipe; use tensorwise, "
+                                    "rowwise, rowwise_with_gw_hp or delayed"));
+  CHECK_THROWS_WITH(amp_examples::check_fp8_recipe("rowwise", amp_examples::kPrecisions[1]),
+                    Catch::Contains("--fp8-recipe rowwise applies to --precision fp8 (got "
+                                    "--precision bf16)"));
+  CHECK_NOTHROW(amp_examples::check_fp8_recipe("tensorwise", amp_examples::kPrecisions[1]));
+  // Without float8, fp8 is not a precision.
+  amp_examples::CommandLine plain("prog", "Trains.");
+  amp_examples::add_precision_option(plain, precision);
+  CHECK_THROWS_WITH(parse(plain, {"--precision", "fp8"}),
+                    Catch::Contains("--precision must be one of fp32, bf16, fp16, not 'fp8'"));
+}

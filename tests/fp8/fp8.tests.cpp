@@ -18,6 +18,7 @@
 #include <amp/low_precision.h>
 
 #include "fp8/scaling.h"
+#include "fp8_helpers.h"
 #include "support/bits.h"
 #include "support/temp_dir.h"
 
@@ -51,22 +52,10 @@ Grads run(const std::function<torch::Tensor(const torch::Tensor&)>& forward,
           bias.defined() ? bias.grad().clone() : torch::Tensor()};
 }
 
-// Whether this LibTorch's CPU at::_scaled_mm takes rowwise scales (2.14's does, 2.11's not).
-bool cpu_takes_rowwise_scales() {
-  const auto a = torch::ones({16, 16}).to(torch::kFloat8_e4m3fn);
-  try {
-    at::_scaled_mm(a, a.t(), torch::ones({16, 1}), torch::ones({1, 16}), std::nullopt,
-                   std::nullopt, torch::kBFloat16, true);
-    return true;
-  } catch (const c10::Error&) {
-    return false;
-  }
-}
-
 // False (with a warning) for a rowwise recipe on a LibTorch whose CPU emulation cannot run it;
 // the test "A rowwise layer on a CPU without rowwise scales says so" covers that case.
 bool runs_here(const std::string& recipe) {
-  if (recipe.rfind("rowwise", 0) != 0 || cpu_takes_rowwise_scales()) return true;
+  if (recipe.rfind("rowwise", 0) != 0 || amp_test::cpu_takes_rowwise_scales()) return true;
   WARN("not run: this LibTorch's CPU at::_scaled_mm takes tensorwise scales only");
   return false;
 }
@@ -446,7 +435,7 @@ TEST_CASE("A rowwise layer on a CPU without rowwise scales says so", "[fp8]") {
   Float8Linear layer(Float8LinearOptions(16, 16).recipe(Recipe::rowwise()));
   Float8AutocastGuard float8;
   const auto x = torch::randn({4, 16});
-  if (cpu_takes_rowwise_scales()) {
+  if (amp_test::cpu_takes_rowwise_scales()) {
     CHECK(layer(x).sizes() == x.sizes());
   } else {
     CHECK_THROWS_WITH(layer(x), Contains("amp::fp8: rowwise scales on the CPU need a LibTorch whose "

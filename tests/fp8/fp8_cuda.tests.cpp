@@ -15,6 +15,7 @@
 #include <amp/fp8.h>
 
 #include "fp8/scaling.h"
+#include "fp8_helpers.h"
 
 using amp::fp8::Float8AutocastGuard;
 using amp::fp8::Float8Linear;
@@ -43,18 +44,6 @@ double relative_error(const torch::Tensor& actual, const torch::Tensor& expected
 bool sm89_or_newer() {
   const auto* props = at::cuda::getCurrentDeviceProperties();
   return props->major > 8 || (props->major == 8 && props->minor >= 9);
-}
-
-// Whether this LibTorch's CPU at::_scaled_mm takes rowwise scales (2.14's does, 2.11's not).
-bool cpu_takes_rowwise_scales() {
-  const auto a = torch::ones({16, 16}).to(torch::kFloat8_e4m3fn);
-  try {
-    at::_scaled_mm(a, a.t(), torch::ones({16, 1}), torch::ones({1, 16}), std::nullopt,
-                   std::nullopt, torch::kBFloat16, true);
-    return true;
-  } catch (const c10::Error&) {
-    return false;
-  }
 }
 
 // Small integers in float8 (exact in e4m3 and e5m2) with power-of-two scales: every product and
@@ -105,7 +94,7 @@ TEST_CASE("Float8 GEMMs on CUDA give the CPU emulation's bits when every sum is 
   if (rowwise) exact = exact.to(torch::kBFloat16);
   CHECK(same_bits(gpu, exact.to(out_dtype)));
   // The CPU emulation agrees (LibTorch 2.11's CPU takes tensorwise scales only).
-  if (!rowwise || cpu_takes_rowwise_scales()) {
+  if (!rowwise || amp_test::cpu_takes_rowwise_scales()) {
     CHECK(same_bits(amp::fp8::detail::scaled_mm(a, b, out_dtype, fast_accum), gpu));
   }
 }
@@ -119,7 +108,7 @@ TEST_CASE("A Float8Linear trains on CUDA as on the CPU, for every recipe", "[fp8
                                "delayed");
   const auto dtype = GENERATE(torch::kFloat, torch::kBFloat16);
   CAPTURE(recipe, dtype);
-  if (recipe.rfind("rowwise", 0) == 0 && !cpu_takes_rowwise_scales()) {
+  if (recipe.rfind("rowwise", 0) == 0 && !amp_test::cpu_takes_rowwise_scales()) {
     WARN("not run: the CPU reference needs rowwise scales, which this LibTorch's CPU lacks");
     return;
   }
