@@ -34,10 +34,12 @@ struct AMP_EXPORT CastConfig {
   /// false leaves the operand in high precision (torchao's ScalingType.DISABLED); both operands
   /// of a GEMM are then high precision and the GEMM is an ordinary mm.
   bool enabled = true;
+  /// One scale for the tensor, or one per row along the GEMM's reduction dimension.
   Granularity granularity = Granularity::tensorwise;
   /// Float8_e4m3fn or Float8_e5m2.
   c10::ScalarType dtype = c10::ScalarType::Float8_e4m3fn;
 
+  /// Field-wise equality (two casts of one tensor with equal configs give the same bits).
   bool operator==(const CastConfig&) const = default;
 };
 
@@ -70,10 +72,13 @@ using AmaxReduction = std::function<void(const at::Tensor& amax)>;
 /// except that the scale is kept when amax is 0, inf or NaN, and an infinite scale becomes
 /// FLT_MAX. The first cast of a fresh layer uses scale 1.
 struct AMP_EXPORT DelayedScalingOptions {
+  /// How many earlier amaxes each operand remembers (at least 1).
   TORCH_ARG(int64_t, amax_history_len) = 1024;
+  /// Whether the scale follows the history's largest amax or the latest one.
   TORCH_ARG(AmaxComputeAlgo, amax_compute_algo) = AmaxComputeAlgo::max;
   /// Scales are divided by 2^margin: headroom for amaxes that grow between casts.
   TORCH_ARG(int64_t, margin) = 0;
+  /// e4m3 everywhere, or e5m2 for grad_output (hybrid).
   TORCH_ARG(Float8Format, fp8_format) = Float8Format::hybrid;
   /// Unset: every rank keeps its own amaxes.
   TORCH_ARG(AmaxReduction, amax_reduction) = nullptr;
@@ -99,15 +104,23 @@ struct AMP_EXPORT Recipe {
 
   /// One of the names from_name() accepts.
   std::string name;
+  /// The input's cast for the output GEMM (input @ weight.t()).
   CastConfig input;
+  /// The weight's cast for the output GEMM.
   CastConfig weight;
+  /// grad_output's cast for the grad_input GEMM (grad_output @ weight).
   CastConfig grad_output;
+  /// The input's cast for the grad_weight GEMM (grad_output.t() @ input).
   CastConfig input_for_grad_weight;
+  /// The weight's cast for the grad_input GEMM.
   CastConfig weight_for_grad_input;
+  /// grad_output's cast for the grad_weight GEMM.
   CastConfig grad_output_for_grad_weight;
-  /// use_fast_accum of at::_scaled_mm for the output, grad_input and grad_weight GEMMs.
+  /// use_fast_accum of at::_scaled_mm for the output GEMM.
   bool output_fast_accum = true;
+  /// use_fast_accum for the grad_input GEMM.
   bool grad_input_fast_accum = false;
+  /// use_fast_accum for the grad_weight GEMM.
   bool grad_weight_fast_accum = false;
   /// Dynamic scales are rounded down to a power of two (exact to apply and to undo).
   bool round_scales_to_power_of_2 = false;
@@ -143,11 +156,16 @@ AMP_EXPORT bool is_float8_enabled();
 
 /// Options of Float8Linear: LinearOptions' three plus the recipe.
 struct AMP_EXPORT Float8LinearOptions {
+  /// Options for a layer mapping in_features to out_features, with a bias and tensorwise scaling.
   Float8LinearOptions(int64_t in_features, int64_t out_features)
       : in_features_(in_features), out_features_(out_features) {}
+  /// The input's last dimension.
   TORCH_ARG(int64_t, in_features);
+  /// The output's last dimension.
   TORCH_ARG(int64_t, out_features);
+  /// Whether the layer adds a learned bias.
   TORCH_ARG(bool, bias) = true;
+  /// How the GEMMs cast to float8 (validated when the layer is built).
   TORCH_ARG(Recipe, recipe) = Recipe::tensorwise();
 };
 
@@ -169,31 +187,43 @@ struct AMP_EXPORT Float8LinearOptions {
 /// the layer and the dimension).
 class AMP_EXPORT Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
  public:
+  /// A tensorwise layer with a bias, initialised as torch::nn::Linear(in_features, out_features).
   Float8LinearImpl(int64_t in_features, int64_t out_features)
       : Float8LinearImpl(Float8LinearOptions(in_features, out_features)) {}
+  /// A layer per `options`, initialised as torch::nn::Linear. Throws c10::Error for an invalid
+  /// recipe or a non-positive size.
   explicit Float8LinearImpl(Float8LinearOptions options);
   /// Shares `linear`'s weight and bias tensors (the same Parameters; no copy) on `linear`'s device
   /// and dtype: what convert_to_float8_training puts in its place.
   Float8LinearImpl(const torch::nn::LinearImpl& linear, Recipe recipe);
 
+  /// (Re)creates the parameters and the delayed recipe's buffers, as Cloneable requires.
   void reset() override;
   /// As Module::to, except that the delayed recipe's buffers stay float32 (a dtype change casts
   /// the parameters only; a device change moves everything).
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  /// As Module::to(dtype), the delayed recipe's buffers left float32.
   void to(torch::Dtype dtype, bool non_blocking = false) override;
+  /// As Module::to(device): parameters and buffers move.
   void to(torch::Device device, bool non_blocking = false) override;
   /// torch::nn::Linear's initialisation (Kaiming-uniform weight, uniform bias).
   void reset_parameters();
+  /// Prints "amp::fp8::Float8Linear(in_features=.., out_features=.., bias=.., recipe=..)".
   void pretty_print(std::ostream& stream) const override;
+  /// input [..., in_features] -> [..., out_features]; see the class comment.
   at::Tensor forward(const at::Tensor& input);
 
   /// The qualified name convert_to_float8_training found the layer under ("" when built
   /// directly): error messages name the layer by it.
   const std::string& qualified_name() const { return qualified_name_; }
+  /// Sets the name error messages use (convert_to_float8_training does).
   void set_qualified_name(std::string name) { qualified_name_ = std::move(name); }
 
+  /// The options the layer was built with.
   Float8LinearOptions options;
+  /// The learned weight [out_features, in_features] (the master copy).
   at::Tensor weight;
+  /// The learned bias [out_features]; undefined without one.
   at::Tensor bias;
 
  private:

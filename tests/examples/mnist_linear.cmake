@@ -141,7 +141,7 @@ amp_example_run(mnist_linear rejects_an_unknown_optimizer EXIT 2
   OUTPUT "error: --optimizer must be one of sgd, fused-sgd, not 'adam'"
   ARGS --optimizer adam)
 amp_example_run(mnist_linear rejects_an_unknown_precision EXIT 2
-  OUTPUT "error: --precision must be one of fp32, bf16, fp16, not 'fp64'"
+  OUTPUT "error: --precision must be one of fp32, bf16, fp16, fp8, not 'fp64'"
   ARGS --precision fp64)
 amp_example_run(mnist_linear rejects_a_negative_learning_rate EXIT 2
   OUTPUT "error: --lr must be a finite number greater than 0, not '-1'"
