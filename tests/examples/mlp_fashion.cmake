@@ -17,10 +17,11 @@ foreach(_precision IN ITEMS fp32 bf16 fp16)
     ARGS ${_mlp_args} --epochs 2 --precision ${_precision})
 endforeach()
 # Float8 layers (amp::fp8, emulated on the CPU) learn the fixture with each recipe; the logits
-# follow bf16 autocast.
+# follow bf16 autocast. Skipped on a LibTorch whose CPU float8 GEMM takes no rowwise scales (2.11).
 foreach(_recipe IN ITEMS tensorwise rowwise delayed)
   amp_example_run(mlp_fashion learns_the_fixture_in_fp8_${_recipe} EXIT 0 EPOCHS 2 MIN_ACCURACY 90
     OUTPUT "precision fp8 \\(float8 GEMMs in bfloat16 autocast\\).*forward pass: logits BFloat16, loss Float.*epoch 2/2: "
+    SKIP_IF "rowwise scales on the CPU need a LibTorch whose CPU at::_scaled_mm takes them"
     ARGS ${_mlp_args} --epochs 2 --precision fp8 --fp8-recipe ${_recipe})
 endforeach()
 amp_example_run(mlp_fashion rejects_an_fp8_recipe_without_fp8 EXIT 2
