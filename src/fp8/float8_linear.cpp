@@ -32,7 +32,6 @@ enum Role { kInput = 0, kWeight = 1, kGradOutput = 2 };
 struct LayerContext : torch::CustomClassHolder {
   Recipe recipe;
   detail::DelayedState delayed[3];
-  std::string layer_name;
 };
 
 // The dtype a GEMM whose first operand has `dtype` produces: under autocast for the operand's
@@ -45,8 +44,17 @@ c10::ScalarType gemm_dtype(c10::ScalarType dtype, c10::DeviceType device) {
   return dtype;
 }
 
-void check_cuda_dim(const LayerContext& layer, int64_t size, const char* what) {
-  TORCH_CHECK(size % 16 == 0, "amp::fp8::Float8Linear ", layer.layer_name,
+std::string describe(const Float8LinearImpl& layer) {
+  std::ostringstream out;
+  if (!layer.qualified_name().empty()) out << "'" << layer.qualified_name() << "' ";
+  out << "(in_features=" << layer.options.in_features()
+      << ", out_features=" << layer.options.out_features() << ")";
+  return out.str();
+}
+
+// The message (and the layer's description in it) is built only when the check fails.
+void check_cuda_dim(const Float8LinearImpl& layer, int64_t size, const char* what) {
+  TORCH_CHECK(size % 16 == 0, "amp::fp8::Float8Linear ", describe(layer),
               ": on CUDA the float8 GEMMs (at::_scaled_mm) need every dimension divisible by 16, "
               "but ", what, " is ", size,
               "; pad it to a multiple of 16 or leave the layer out (convert_to_float8_training's "
@@ -184,14 +192,6 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
   }
 };
 
-std::string describe(const Float8LinearImpl& layer) {
-  std::ostringstream out;
-  if (!layer.qualified_name().empty()) out << "'" << layer.qualified_name() << "' ";
-  out << "(in_features=" << layer.options.in_features()
-      << ", out_features=" << layer.options.out_features() << ")";
-  return out.str();
-}
-
 }  // namespace
 
 Float8AutocastGuard::Float8AutocastGuard(bool enabled) : previous_(float8_enabled) {
@@ -306,19 +306,18 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input_) {
               "amp::fp8::Float8Linear ", describe(*this),
               ": the input must be float32, bfloat16 or float16 to be cast to float8. Got ", dtype,
               ".");
-  auto layer = c10::make_intrusive<LayerContext>();
-  layer->recipe = options.recipe();
-  layer->layer_name = describe(*this);
   if (input.is_cuda()) {
-    check_cuda_dim(*layer, options.in_features(), "in_features");
-    check_cuda_dim(*layer, options.out_features(), "out_features");
+    check_cuda_dim(*this, options.in_features(), "in_features");
+    check_cuda_dim(*this, options.out_features(), "out_features");
     // The rows are the reduction dimension of the grad_weight GEMM.
-    if (layer->recipe.input_for_grad_weight.enabled && at::GradMode::is_enabled() &&
+    if (options.recipe().input_for_grad_weight.enabled && at::GradMode::is_enabled() &&
         weight.requires_grad()) {
-      check_cuda_dim(*layer, input.numel() / options.in_features(),
+      check_cuda_dim(*this, input.numel() / options.in_features(),
                      "the number of input rows (the product of all dims but the last)");
     }
   }
+  auto layer = c10::make_intrusive<LayerContext>();
+  layer->recipe = options.recipe();
   if (layer->recipe.delayed_scaling) {
     const auto buffers = named_buffers(/*recurse=*/false);
     for (int role = 0; role < 3; ++role) {
@@ -335,28 +334,26 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input_) {
 namespace {
 
 // Replaces `old_child` in the container `parent` holds it in (Sequential, ModuleList, ModuleDict);
-// returns false when `parent` is no such container.
-bool replace_in_container(torch::nn::Module& parent, const std::shared_ptr<torch::nn::Module>& old_child,
+// does nothing when `parent` is no such container.
+void replace_in_container(torch::nn::Module& parent, const std::shared_ptr<torch::nn::Module>& old_child,
                           const Float8Linear& replacement) {
   if (auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(&parent)) {
     for (auto& slot : *sequential) {
       if (slot.ptr().get() == old_child.get()) slot = torch::nn::AnyModule(replacement);
     }
-    return true;
+    return;
   }
   if (auto* list = dynamic_cast<torch::nn::ModuleListImpl*>(&parent)) {
     for (auto& slot : *list) {
       if (slot.get() == old_child.get()) slot = replacement.ptr();
     }
-    return true;
+    return;
   }
   if (auto* dict = dynamic_cast<torch::nn::ModuleDictImpl*>(&parent)) {
     for (auto& item : *dict) {
       if (item.value().get() == old_child.get()) item.value() = replacement.ptr();
     }
-    return true;
   }
-  return false;
 }
 
 bool is_container(const torch::nn::Module& module) {

@@ -15,8 +15,7 @@ namespace {
 
 bool is_row_major(const at::Tensor& t) { return t.stride(0) > t.stride(1) && t.stride(1) == 1; }
 
-}  // namespace
-
+// The largest finite value of a float8 dtype (448 for e4m3fn, 57344 for e5m2).
 double fp8_max(c10::ScalarType fp8_dtype) {
   switch (fp8_dtype) {
     case c10::ScalarType::Float8_e4m3fn:
@@ -28,6 +27,8 @@ double fp8_max(c10::ScalarType fp8_dtype) {
                   ".");
   }
 }
+
+}  // namespace
 
 Float8Operand Float8Operand::t() const {
   Float8Operand out{data.t(), scale.dim() > 1 ? scale.t() : scale, orig_dtype, axiswise_dim};
@@ -76,6 +77,9 @@ Float8Operand cast_dynamic(const at::Tensor& x, const CastConfig& config, int64_
   return out;
 }
 
+namespace {
+
+// The history-and-scale update of a delayed cast whose amax is already in history[0].
 void update_delayed_scale(DelayedState& state, c10::ScalarType fp8_dtype,
                           const DelayedScalingOptions& options) {
   auto& history = state.amax_history;
@@ -97,6 +101,8 @@ void update_delayed_scale(DelayedState& state, c10::ScalarType fp8_dtype,
                         candidate);
   state.scale.copy_(candidate);
 }
+
+}  // namespace
 
 Float8Operand cast_delayed(const at::Tensor& x, c10::ScalarType fp8_dtype, DelayedState& state,
                            const DelayedScalingOptions& options) {

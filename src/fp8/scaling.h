@@ -56,18 +56,11 @@ struct DelayedState {
 AMP_EXPORT Float8Operand cast_delayed(const at::Tensor& x, c10::ScalarType fp8_dtype, DelayedState& state,
                            const DelayedScalingOptions& options);
 
-/// The history-and-scale update of a delayed cast whose amax is already in history[0].
-void update_delayed_scale(DelayedState& state, c10::ScalarType fp8_dtype,
-                          const DelayedScalingOptions& options);
-
 /// torchao's float8 mm of a [M, K] and b [K, N]: the layouts at::_scaled_mm wants (a row-major,
 /// b column-major), a tensorwise scale repeated when the other operand is rowwise, the inverse
 /// scales passed as dequantisation factors, and for rowwise scales without fast accumulation a
 /// bfloat16 GEMM followed by the scales' product. The result has `out_dtype`.
 AMP_EXPORT at::Tensor scaled_mm(const Float8Operand& a, const Float8Operand& b, c10::ScalarType out_dtype,
                      bool use_fast_accum);
-
-/// The largest finite value of a float8 dtype (448 for e4m3fn, 57344 for e5m2).
-double fp8_max(c10::ScalarType fp8_dtype);
 
 }  // namespace amp::fp8::detail
