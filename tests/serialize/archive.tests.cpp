@@ -64,15 +64,21 @@ std::string edit_entry(std::string file, const std::string& entry_suffix, const 
     content.replace(at, from.size(), to);
     file.replace(entry.data_offset, entry.size, content);
     const std::uint32_t crc = amp::detail::crc32(content);
-    // The central record holds the CRC at +16; the local header (30 bytes + name) at +14.
-    const std::uint64_t local = entry.data_offset - 30 - entry.name.size();
-    put_le32(file, local + 14, crc);
-    for (std::size_t pos = file.find(std::string("PK\x01\x02", 4)); pos != std::string::npos;
-         pos = file.find(std::string("PK\x01\x02", 4), pos + 4)) {
-      const std::size_t name_length = static_cast<unsigned char>(file[pos + 28]) |
-                                      (static_cast<unsigned char>(file[pos + 29]) << 8);
-      if (file.compare(pos + 46, name_length, entry.name) == 0) put_le32(file, pos + 16, crc);
-    }
+    // The central record holds the CRC at +16 and its local header's offset at +42. LibTorch's
+    // writer leaves the local header's CRC and sizes 0 (a data descriptor follows the data), so
+    // only a local header that records a CRC (at +14) gets the new one. The local header cannot
+    // be found by counting back from the data: an extra field of name-dependent length pads it.
+    const std::size_t central = entry.record_offset;
+    const auto le32 = [&file](std::size_t at) {
+      std::uint32_t value = 0;
+      for (int k = 0; k < 4; ++k) {
+        value |= static_cast<std::uint32_t>(static_cast<unsigned char>(file[at + k])) << (8 * k);
+      }
+      return value;
+    };
+    const std::uint32_t local = le32(central + 42);
+    if (le32(local + 14) != 0) put_le32(file, local + 14, crc);
+    put_le32(file, central + 16, crc);
     return file;
   }
   FAIL("no stored entry ending in " << entry_suffix << " contains " << from);
