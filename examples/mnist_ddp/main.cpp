@@ -1,7 +1,7 @@
 // The seed's program trained data-parallel: Linear(784, 10) on MNIST-format images, each of the
 // processes torchrun starts training on its shard of every epoch (as DistributedSampler shards),
-// gradients averaged with amp::distributed::GradientAllReduce, fp16 autocast with a GradScaler
-// whose skip decisions every rank shares. Gloo on the CPU, NCCL on CUDA.
+// gradients averaged by amp::distributed::DistributedDataParallel while backward runs, fp16
+// autocast with a GradScaler whose skip decisions every rank shares. Gloo on the CPU, NCCL on CUDA.
 #include <amp/autocast.h>
 #include <amp/distributed.h>
 #include <amp/grad_scaler.h>
@@ -43,16 +43,16 @@ using amp_examples::seconds_since;
 
 constexpr std::int64_t kEvalChunk = 1000;
 
-/// A value of --comm-dtype: the dtype gradients travel in.
+/// A value of --comm-dtype: the dtype gradients travel in (DDP's comm hook).
 struct CommChoice {
   std::string_view name;
-  std::optional<c10::ScalarType> dtype;
+  dist::CommHook hook;
 };
 
 constexpr std::array kCommDtypes = {
-    CommChoice{"fp32", std::nullopt},
-    CommChoice{"bf16", c10::ScalarType::BFloat16},
-    CommChoice{"fp16", c10::ScalarType::Half},
+    CommChoice{"fp32", dist::CommHook::kAllReduce},
+    CommChoice{"bf16", dist::CommHook::kBf16Compress},
+    CommChoice{"fp16", dist::CommHook::kFp16Compress},
 };
 
 struct Settings {
@@ -144,20 +144,20 @@ void run(const Settings& settings) {
       amp_examples::load_image_data(settings.data_dir, amp_examples::Pixels::kUnitRange, device);
 
   torch::manual_seed(static_cast<std::uint64_t>(settings.seed));
-  MyModel model(
-      settings
-          .hidden);  // the same seed on every rank: the same initial weights, no broadcast needed
+  MyModel model(settings.hidden);
   model->to(on);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(settings.lr));
   amp::GradScalerOptions scaler_options =
       amp::GradScalerOptions().enabled(settings.precision.loss_scaling).track_counters(true);
-  std::optional<dist::GradientAllReduce> reducer;
+  // Rank 0's weights are broadcast to the others at construction; every backward then averages
+  // the gradients over the ranks, bucket by bucket, while it runs.
+  std::optional<dist::DistributedDataParallel> ddp;
   if (parallel.group) {
     scaler_options.found_inf_sync(dist::found_inf_sync(parallel.group));
-    reducer.emplace(model->parameters(), parallel.group,
-                    dist::GradientAllReduceOptions()
-                        .bucket_bytes(static_cast<std::int64_t>(settings.bucket_mb * 1024 * 1024))
-                        .comm_dtype(settings.comm.dtype));
+    ddp.emplace(model, parallel.group,
+                dist::DistributedDataParallelOptions()
+                    .bucket_cap_mb(settings.bucket_mb)
+                    .comm_hook(settings.comm.hook));
   }
   amp::GradScaler scaler(device, scaler_options);
   if (lead) {
@@ -192,12 +192,14 @@ void run(const Settings& settings) {
       {
         amp::AutocastGuard autocast(device, settings.precision.autocast_dtype,
                                     settings.precision.autocast_dtype.has_value());
-        loss = torch::nn::functional::cross_entropy(
-            model->forward(train.images.index_select(0, batch)),
-            train.labels.index_select(0, batch));
+        const torch::Tensor images = train.images.index_select(0, batch);
+        const auto forward = [&] { return model->forward(images); };
+        loss = torch::nn::functional::cross_entropy(ddp ? ddp->forward(forward) : forward(),
+                                                    train.labels.index_select(0, batch));
       }
+      // With DDP, backward returns with every gradient averaged over the ranks: the global
+      // batch's gradient.
       scaler.scale(loss).backward();
-      if (reducer) reducer->all_reduce_();  // averaged over the ranks: the global batch's gradient
       scaler.step(optimizer);
       scaler.update();
       loss_sum += loss.detach().to(torch::kFloat64) * batch.size(0);
@@ -249,7 +251,8 @@ amp_examples::CommandLine make_command_line(Settings& s) {
       "Trains the seed's linear classifier data-parallel: start it with\n"
       "`torchrun --no-python --nproc-per-node N mnist_ddp [options]` (alone it runs as one\n"
       "process). Each rank trains on its shard of every epoch, gradients are averaged over the\n"
-      "ranks (amp::distributed::GradientAllReduce), and fp16 steps are skipped on all ranks\n"
+      "ranks during backward (amp::distributed::DistributedDataParallel), and fp16 steps are\n"
+      "skipped on all ranks\n"
       "together (amp::GradScaler with amp::distributed::found_inf_sync). Gloo on the CPU, NCCL\n"
       "on CUDA.");
   amp_examples::add_data_option(cli, s.data_dir);

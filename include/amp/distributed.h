@@ -1,6 +1,7 @@
 // amp::distributed: mixed precision across processes on c10d (Gloo on CPU, NCCL on CUDA), started
 // by torchrun: process groups from torchrun's environment, a GradScaler flag sync so that every
-// rank skips together, and a bucketed gradient all-reduce with optional half-precision transfer.
+// rank skips together, and DistributedDataParallel on c10d's Reducer (gradients all-reduced in
+// buckets during backward, with float16/bfloat16 transfer hooks).
 #pragma once
 
 #include <chrono>
@@ -9,6 +10,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -16,13 +20,49 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <amp/distributed_export.h>
 #include <amp/grad_scaler.h>
 
+namespace c10d {
+class CommHookInterface;
+class Logger;
+class Reducer;
+}  // namespace c10d
+
 namespace amp::distributed {
+
+namespace detail {
+// The tensors of a forward's output, for DistributedDataParallel::forward.
+template <typename T>
+inline constexpr bool kIsForwardOutput = std::is_same_v<T, at::Tensor> ||
+                                         std::is_same_v<T, std::vector<at::Tensor>>;
+template <typename... T>
+inline constexpr bool kIsForwardOutput<std::tuple<T...>> = (kIsForwardOutput<T> && ...);
+template <typename A, typename B>
+inline constexpr bool kIsForwardOutput<std::pair<A, B>> =
+    kIsForwardOutput<A> && kIsForwardOutput<B>;
+
+inline void collect_tensors(at::Tensor& output, std::vector<at::Tensor*>& slots) {
+  slots.push_back(&output);
+}
+inline void collect_tensors(std::vector<at::Tensor>& output, std::vector<at::Tensor*>& slots) {
+  for (at::Tensor& tensor : output) slots.push_back(&tensor);
+}
+template <typename... T>
+void collect_tensors(std::tuple<T...>& output, std::vector<at::Tensor*>& slots) {
+  std::apply([&slots](auto&... part) { (collect_tensors(part, slots), ...); }, output);
+}
+template <typename A, typename B>
+void collect_tensors(std::pair<A, B>& output, std::vector<at::Tensor*>& slots) {
+  collect_tensors(output.first, slots);
+  collect_tensors(output.second, slots);
+}
+}  // namespace detail
 
 /// What torchrun tells each process it starts (`torchrun --no-python --nproc-per-node N prog`).
 struct AMP_DISTRIBUTED_EXPORT TorchrunEnv {
@@ -116,57 +156,157 @@ AMP_DISTRIBUTED_EXPORT std::shared_ptr<FoundInfSync> found_inf_sync(
 AMP_DISTRIBUTED_EXPORT std::function<void(const at::Tensor& amax)> amax_all_reduce(
     c10::intrusive_ptr<c10d::ProcessGroup> group);
 
-/// Options of GradientAllReduce.
-struct AMP_DISTRIBUTED_EXPORT GradientAllReduceOptions {
-  /// Largest bucket (one collective) in bytes of gradients; DDP's default, 25 MiB. A parameter
-  /// larger than this gets a bucket of its own. > 0.
-  TORCH_ARG(int64_t, bucket_bytes) = 25 * 1024 * 1024;
-  /// Transfer gradients in at::kHalf or at::kBFloat16 (DDP's fp16/bf16 compression hooks): half
-  /// the bytes, at half precision's rounding. A value that overflows float16 (|x| > 65504, easily
-  /// reached by scaled gradients) arrives as inf on every rank, so GradScaler skips the step and
-  /// backs off, as it would for an overflow in backward. Unset: the gradients' own dtype.
-  TORCH_ARG(std::optional<at::ScalarType>, comm_dtype) = std::nullopt;
+/// What DistributedDataParallel sends for each bucket of gradients.
+enum class CommHook {
+  /// The gradients' own dtype, averaged: each bucket is multiplied by 1 / world size and summed
+  /// (the arithmetic of PyTorch's DDP without a hook).
+  kAllReduce,
+  /// float16 (Python's fp16_compress_hook): the bucket is converted to float16, divided by the
+  /// world size, summed in float16 and copied back. Half the bytes; a scaled gradient beyond
+  /// 65504 arrives as inf on every rank, so GradScaler skips the step everywhere and backs off.
+  kFp16Compress,
+  /// bfloat16 (Python's bf16_compress_hook, which has no C++ counterpart in c10d): the same
+  /// arithmetic in bfloat16, float32's range at 8 bits of mantissa.
+  kBf16Compress,
 };
 
-/// Averages the gradients of `parameters` over the ranks of a process group, for data-parallel
-/// training: call all_reduce_() after backward() and before GradScaler::unscale_/step. Gradients
-/// are packed into flat buckets (per device and dtype, in reverse parameter order, as DDP
-/// orders them), each bucket is divided by the world size (converted to comm_dtype first when
-/// set) and summed with one all-reduce, all buckets in flight at once, then copied back.
+/// Options of DistributedDataParallel, named as in torch.nn.parallel.DistributedDataParallel.
+struct AMP_DISTRIBUTED_EXPORT DistributedDataParallelOptions {
+  /// Largest bucket (one all-reduce) in MiB of gradients; unset means DDP's 25 MiB. > 0.
+  TORCH_ARG(std::optional<double>, bucket_cap_mb) = std::nullopt;
+  /// Cap of the first bucket reduced (the last layers' gradients, ready first), so that
+  /// communication starts early; unset means 1 MiB when bucket_cap_mb is unset and bucket_cap_mb
+  /// otherwise, as in DDP. > 0.
+  TORCH_ARG(std::optional<double>, first_bucket_cap_mb) = std::nullopt;
+  /// Find the parameters that the forward's outputs do not reach, on every iteration, and leave
+  /// their gradients as they are (undefined when unused on every rank), instead of waiting for
+  /// them. Costs a graph traversal per iteration and one all-reduce of a used-map.
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  /// Make each parameter's .grad() a view into its bucket, saving one copy and the memory of the
+  /// gradients. zero_grad() must then zero in place (set_to_none keeps working: the next backward
+  /// re-creates the views).
+  TORCH_ARG(bool, gradient_as_bucket_view) = false;
+  /// Broadcast the module's buffers from rank 0 before every synced forward (e.g. BatchNorm's
+  /// running statistics), as DDP does.
+  TORCH_ARG(bool, broadcast_buffers) = true;
+  /// The set of used parameters and the order of their gradients is the same in every iteration:
+  /// the first iteration finds it (all-reduce after backward), the later ones reuse it.
+  TORCH_ARG(bool, static_graph) = false;
+  /// What each bucket sends; see CommHook. A hook of your own: register_comm_hook.
+  TORCH_ARG(CommHook, comm_hook) = CommHook::kAllReduce;
+};
+
+/// Data-parallel training on c10d's Reducer, the engine of PyTorch's DistributedDataParallel:
+/// each bucket of gradients is all-reduced from autograd hooks as soon as backward has produced
+/// it, so communication overlaps the rest of backward; when backward() returns, every gradient
+/// is the average over the ranks.
 ///
-/// What it is not: DDP. It does not overlap communication with backward, does not broadcast
-/// parameters at start (start every rank from the same seed or load the same checkpoint), does not
-/// find unused parameters (a parameter without a gradient is reduced as zeros and gets a zero
-/// gradient), and does not handle sparse gradients. The constructor compares the parameters'
-/// count, shapes and dtypes across ranks (one collective) and throws on every rank when they
-/// differ.
-class AMP_DISTRIBUTED_EXPORT GradientAllReduce {
+/// Construction does what Python's wrapper does: checks that every rank holds the same
+/// parameters (count, shapes, dtypes), broadcasts the parameters and buffers of rank 0, plans the
+/// buckets and makes the Reducer. The wrapped module is found through the module API (its
+/// parameters that require gradients, shared ones once, in registration order).
+///
+/// C++ modules have forward() signatures of their own, so the forward is passed as a callable
+/// that runs the module and returns its output: an at::Tensor, a std::vector<at::Tensor>, or a
+/// std::tuple/std::pair of tensors.
+///
+///     dist::DistributedDataParallel ddp(model, group);
+///     at::Tensor loss = loss_fn(ddp.forward([&] { return model->forward(x); }), y);
+///     scaler.scale(loss).backward();   // buckets all-reduced during this call
+///     scaler.step(optimizer);
+///
+/// Contract (SPMD): every rank runs the same forwards and backwards in the same order; a forward
+/// that is run without ddp.forward on one rank is not synchronised.
+class AMP_DISTRIBUTED_EXPORT DistributedDataParallel {
  public:
-  /// Plans the buckets for `parameters` (the same list, in the same order, on every rank).
-  /// Throws c10::Error for an undefined or sparse parameter, bucket_bytes <= 0, a comm_dtype
-  /// other than kHalf/kBFloat16, a group without a backend for a parameter's device type, and
-  /// parameters that differ across ranks.
-  GradientAllReduce(std::vector<at::Tensor> parameters,
-                    c10::intrusive_ptr<c10d::ProcessGroup> group,
-                    GradientAllReduceOptions options = {});
+  /// Wraps `module`. Throws c10::Error, on every rank, when the ranks' parameters differ, a
+  /// parameter is sparse or not on one device, the options are invalid, the group does not serve
+  /// the parameters' device, or another DistributedDataParallel already wraps one of the
+  /// parameters.
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                          c10::intrusive_ptr<c10d::ProcessGroup> group,
+                          DistributedDataParallelOptions options = {});
+  template <typename ModuleType>
+  DistributedDataParallel(const torch::nn::ModuleHolder<ModuleType>& module,
+                          c10::intrusive_ptr<c10d::ProcessGroup> group,
+                          DistributedDataParallelOptions options = {})
+      : DistributedDataParallel(std::static_pointer_cast<torch::nn::Module>(module.ptr()),
+                                std::move(group), std::move(options)) {}
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
-  /// Replaces every gradient by its average over the ranks (identical on every rank afterwards).
-  /// Throws c10::Error naming the rank, the world size and the timeout when a rank does not take
-  /// part in time.
-  void all_reduce_();
+  /// Runs `run()` (the wrapped module's forward) the way DDP runs a forward: buffers broadcast,
+  /// buckets rebuilt in the order gradients arrived (after the first iteration), and the Reducer
+  /// armed for the next backward, unless inside no_sync(). Returns what `run` returned.
+  template <typename Forward>
+  auto forward(Forward&& run) -> std::invoke_result_t<Forward&&> {
+    using Output = std::invoke_result_t<Forward&&>;
+    static_assert(detail::kIsForwardOutput<Output>,
+                  "DistributedDataParallel::forward: the callable must return an at::Tensor, a "
+                  "std::vector<at::Tensor>, or a std::tuple/std::pair of at::Tensor");
+    begin_forward();
+    Output output = std::forward<Forward>(run)();
+    std::vector<at::Tensor*> slots;
+    detail::collect_tensors(output, slots);
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(slots.size());
+    for (at::Tensor* slot : slots) tensors.push_back(*slot);
+    tensors = end_forward(std::move(tensors));
+    for (size_t i = 0; i < slots.size(); ++i) *slots[i] = std::move(tensors[i]);
+    return output;
+  }
 
-  /// The parameter indices of each bucket, in the order the buckets are reduced.
-  const std::vector<std::vector<size_t>>& buckets() const { return bucket_params_; }
+  /// While the returned guard lives, forwards (and their backwards) accumulate gradients locally
+  /// without communication; the first synced forward + backward after it reduces the
+  /// accumulated gradients. The forward must run inside the guard. Guards nest.
+  class AMP_DISTRIBUTED_EXPORT NoSync {
+   public:
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    ~NoSync();
+
+   private:
+    friend class DistributedDataParallel;
+    explicit NoSync(DistributedDataParallel& ddp);
+    DistributedDataParallel& ddp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSync no_sync();
+
+  /// Replaces the options' comm_hook by `hook` (a c10d::CppCommHookInterface of yours; include
+  /// <torch/csrc/distributed/c10d/comm.hpp>). Its future must hold the bucket's averaged
+  /// gradients. Throws c10::Error when called after the first forward or a second time.
+  void register_comm_hook(std::unique_ptr<c10d::CommHookInterface> hook);
+
+  /// The wrapped module.
+  const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
+  /// The parameters whose gradients are reduced, in the Reducer's order.
+  const std::vector<at::Tensor>& parameters() const { return parameters_; }
+  /// The indices into parameters() of each bucket, in the order the buckets are reduced. One
+  /// bucket before the first iteration (as in DDP, unless find_unused_parameters); rebuilt from
+  /// the order gradients arrived in during the first backward.
+  std::vector<std::vector<size_t>> buckets() const;
   /// The options in use.
-  const GradientAllReduceOptions& options() const { return options_; }
+  const DistributedDataParallelOptions& options() const { return options_; }
+  /// The process group.
+  const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return group_; }
 
  private:
-  std::vector<at::Tensor> parameters_;
+  void begin_forward();
+  std::vector<at::Tensor> end_forward(std::vector<at::Tensor> outputs);
+
+  std::shared_ptr<torch::nn::Module> module_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
-  GradientAllReduceOptions options_;
-  std::vector<std::vector<size_t>> bucket_params_;
-  // One flat buffer per bucket, in the transfer dtype, reused by every call.
-  std::vector<at::Tensor> bucket_buffers_;
+  DistributedDataParallelOptions options_;
+  std::vector<at::Tensor> parameters_;
+  std::shared_ptr<c10d::Reducer> reducer_;
+  std::shared_ptr<c10d::Logger> logger_;
+  bool hook_registered_ = false;
+  bool forwarded_ = false;
+  bool require_backward_grad_sync_ = true;
+  bool require_forward_param_sync_ = true;
+  bool static_graph_first_backward_queued_ = false;
 };
 
 }  // namespace amp::distributed

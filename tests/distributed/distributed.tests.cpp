@@ -1,4 +1,4 @@
-// amp::distributed: GradScaler across ranks, GradientAllReduce and the process-group set-up, in
+// amp::distributed: GradScaler across ranks, DistributedDataParallel and the process-group set-up, in
 // 2- and 3-process jobs on Gloo (each rank an amp_distributed_worker started as torchrun starts
 // ranks, against a TCPStore this test hosts), plus single-process checks of errors.
 #include <chrono>
@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include <amp/distributed.h>
 #include <amp/info.h>
@@ -160,30 +161,40 @@ TEST_CASE("Without the found-inf sync the same job lets the ranks diverge", "[di
   CHECK(results[0].at("step4.params") != results[1].at("step4.params"));
 }
 
-TEST_CASE("GradientAllReduce averages gradients over the ranks in every transfer dtype",
-          "[distributed]") {
-  // (world, comm dtype, bucket bytes, buckets expected)
-  using Row = std::tuple<int, std::string, int64_t, int>;
-  const Row row = GENERATE(Row{2, "fp32", 25 << 20, 1}, Row{3, "fp32", 4, 5}, Row{3, "bf16", 64, 4},
-                           Row{3, "fp16", 25 << 20, 1}, Row{2, "fp16", 4, 5});
-  const auto [world, comm, bucket_bytes, buckets] = row;
-  CAPTURE(world, comm, bucket_bytes);
-  const auto results = run_ranks({"all_reduce", comm, std::to_string(bucket_bytes)}, world);
+TEST_CASE("DistributedDataParallel averages gradients over the ranks with every hook",
+          "[distributed][ddp]") {
+  // (world, hook, bucket_cap_mb, find unused, buckets in iteration 1, buckets in iteration 2)
+  using Row = std::tuple<int, std::string, std::string, std::string, int, int>;
+  const Row row = GENERATE(Row{2, "fp32", "25", "used", 1, 1}, Row{3, "fp32", "1e-7", "used", 1, 6},
+                           Row{3, "bf16", "25", "unused", 1, 1}, Row{3, "fp16", "1e-7", "unused", 6, 6},
+                           Row{2, "fp16", "25", "unused", 1, 1});
+  const auto [world, comm, cap, unused, buckets1, buckets2] = row;
+  CAPTURE(world, comm, cap, unused);
+  const auto results = run_ranks({"ddp_grads", comm, cap, unused}, world);
   require_all_succeeded(results);
   INFO(describe(results));
-  // Rank r's gradient element i of parameter j was world * (r + 1) * ((i + j) % 5 + 1): divided
-  // by the world size and summed, every value is an integer that all three dtypes hold exactly.
+  // Rank r's gradient element i of parameter j is world * (r + 1) * ((i + j) % 5 + 1): averaged,
+  // every value is an integer that all three transfer dtypes hold exactly. With "unused",
+  // parameter 4 is unused on rank 0 (it contributes zeros) and parameter 5 on every rank (its
+  // gradient stays undefined, as in PyTorch's DDP).
   const std::vector<int64_t> numel{0, 1, 7, 15, 33, 2};
   for (const auto& r : results) {
-    CHECK(r.at("buckets") == std::to_string(buckets));
+    // One bucket for the first iteration, then rebuilt by the order gradients arrived in; with
+    // find_unused_parameters the first planning is kept.
+    CHECK(r.at("iteration1.buckets") == std::to_string(buckets1));
+    CHECK(r.at("iteration2.buckets") == std::to_string(buckets2));
     CHECK(r.at("grad0") == "empty");
     for (size_t j = 1; j < numel.size(); ++j) {
+      if (unused == "unused" && j == 5) {
+        CHECK(r.at("grad5") == "undefined");
+        continue;
+      }
       std::vector<float> expected;
       for (int64_t i = 0; i < numel[j]; ++i) {
         double sum = 0;
         for (int rank = 0; rank < world; ++rank) {
-          const bool has_grad = j != 5 && !(j == 4 && rank == 0);
-          if (has_grad) sum += (rank + 1) * ((i + static_cast<int64_t>(j)) % 5 + 1);
+          const bool used = unused != "unused" || !(j == 4 && rank == 0);
+          if (used) sum += (rank + 1) * ((i + static_cast<int64_t>(j)) % 5 + 1);
         }
         expected.push_back(static_cast<float>(sum));
       }
@@ -193,8 +204,99 @@ TEST_CASE("GradientAllReduce averages gradients over the ranks in every transfer
   }
 }
 
+TEST_CASE("A bucket's all-reduce starts while backward is still producing gradients",
+          "[distributed][ddp]") {
+  const auto results = run_ranks({"overlap"}, 2);
+  require_all_succeeded(results);
+  INFO(describe(results));
+  for (const auto& r : results) {
+    // Four Linear layers (8 parameters) in 3 buckets. The hook saw the first bucket (the last
+    // layers) sent when only 4 of the 8 gradients existed: the first layer's were still to come.
+    CHECK(r.at("buckets") == "3");
+    CHECK(r.at("sent") == "0:4/8 1:6/8 2:8/8");
+    CHECK(r.at("first_layer_pending_at_first_send") == "1");
+    CHECK(r.at("params") == results[0].at("params"));  // the user's hook averaged correctly
+  }
+}
+
+TEST_CASE("DistributedDataParallel refuses modules that differ across ranks, on every rank",
+          "[distributed][ddp]") {
+  using Row = std::pair<std::string, std::string>;
+  const Row row = GENERATE(
+      Row{"shape", "the element count is 280 on ranks 0 and 1 and 212 on rank 2"},
+      Row{"count", "the count of parameters that require gradients is 6 on ranks 0 and 1 and 7 on rank 2"},
+      Row{"dtype", "the hash of shapes and dtypes is 0x"},
+      Row{"requires_grad", "the count of parameters that require gradients is 6 on ranks 0 and 1 and 5 on rank 2"});
+  CAPTURE(row.first);
+  const auto results = run_ranks({"fault", row.first}, 3);
+  INFO(describe(results));
+  for (const auto& r : results) {
+    CHECK(r.status == 1);
+    CHECK(r.values.count("constructed") == 0);
+    CHECK_THAT(r.err, Catch::Contains("amp::distributed::DistributedDataParallel: the ranks' "
+                                      "modules differ: ") &&
+                          Catch::Contains(row.second) &&
+                          Catch::Contains("Every rank must wrap the same model"));
+  }
+}
+
+TEST_CASE("DistributedDataParallel's misuse ends in a sentence on every rank, without a hang",
+          "[distributed][ddp]") {
+  SECTION("a second wrapper over the same module") {
+    const auto results = run_ranks({"fault", "twice"}, 2);
+    INFO(describe(results));
+    for (const auto& r : results) {
+      CHECK(r.status == 1);
+      CHECK(r.at("first") == "1");
+      CHECK(r.values.count("second") == 0);
+      CHECK_THAT(r.err, Catch::Contains("parameter 'fc1.weight' is already wrapped by another "
+                                        "DistributedDataParallel"));
+    }
+  }
+  SECTION("a forward whose output does not reach some parameters, without find_unused_parameters") {
+    const auto results = run_ranks({"fault", "unused"}, 2);
+    INFO(describe(results));
+    for (const auto& r : results) {
+      CHECK(r.status == 1);
+      CHECK(r.at("iteration1") == "1");  // the first backward cannot know; the next forward does
+      CHECK(r.values.count("iteration2") == 0);
+      CHECK_THAT(r.err,
+                 Catch::Contains("DistributedDataParallel on rank " + std::to_string(r.rank) +
+                                 " of 2: Expected to have finished reduction in the prior "
+                                 "iteration") &&
+                     Catch::Contains("Parameter indices which did not receive grad for rank " +
+                                     std::to_string(r.rank) + ": 4 5") &&
+                     Catch::Contains("DistributedDataParallelOptions().find_unused_parameters(true)"));
+    }
+  }
+  SECTION("no_sync() entered between a synced forward and its backward") {
+    const auto results = run_ranks({"fault", "no_sync"}, 2);
+    INFO(describe(results));
+    for (const auto& r : results) {
+      CHECK(r.status == 1);
+      CHECK_THAT(r.err, Catch::Contains("no_sync() was entered between a synced forward and its "
+                                        "backward, which would still all-reduce"));
+    }
+  }
+}
+
+TEST_CASE("A rank that dies between forward and backward makes the others' backward fail",
+          "[distributed][ddp]") {
+  const auto results = run_ranks({"fault", "dies"}, 3, 0, {{"AMP_TEST_TIMEOUT_MS", "5000"}});
+  INFO(describe(results));
+  CHECK(results[2].status == 3);
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(results[rank].status == 1);
+    CHECK(results[rank].values.count("iteration1") == 0);
+    CHECK_THAT(results[rank].err,
+               Catch::Contains("the all-reduce of gradient bucket 1 (280 elements) failed on rank " +
+                               std::to_string(rank) + " of 3"));
+    CHECK(results[rank].seconds < 5.0 + 15.0);
+  }
+}
+
 TEST_CASE("A float16 transfer that overflows makes every rank skip, and bfloat16 does not overflow",
-          "[distributed]") {
+          "[distributed][ddp]") {
   const int world = GENERATE(2, 3);
   // Every rank overflows at once. The flags are combined with MAX: ATen's fused kernels skip only
   // on a flag of exactly 1, so a SUM (2 or 3 here) would let FusedAdamW and FusedSGD apply a
@@ -333,7 +435,7 @@ TEST_CASE("A rank that stops taking part makes the others fail at the timeout", 
     CHECK(results[rank].status == 1);
     CHECK(results[rank].values.count("finished") == 0);
     CHECK_THAT(results[rank].err,
-               Catch::Contains("the gradient all-reduce of bucket 1 of 1 failed on rank " +
+               Catch::Contains("the all-reduce of gradient bucket 1 (4 elements) failed on rank " +
                                std::to_string(rank) + " of 3"));
     // Failed at the 3-second timeout, well before the sleeper woke up 12 s after joining.
     CHECK(results[rank].seconds + 5.0 < results[2].seconds);
@@ -351,32 +453,39 @@ TEST_CASE("A process group that does not serve the tensors' device is refused wi
                       amp::GradScalerOptions().found_inf_sync(dist::found_inf_sync(group))),
       Catch::Contains("the scaler's inf/NaN flags are cpu tensors, but the process group (backend "
                       "gloo) serves cuda. Use a Gloo group (new_gloo_group) for CPU tensors"));
-  at::Tensor w = at::zeros({3}).requires_grad_();
-  CHECK_THROWS_WITH(dist::GradientAllReduce({w}, group),
-                    Catch::Contains("parameter 0's gradients are cpu tensors, but the process "
+  CHECK_THROWS_WITH(dist::DistributedDataParallel(torch::nn::Linear(3, 2), group),
+                    Catch::Contains("the module's parameters are cpu tensors, but the process "
                                     "group (backend gloo) serves cuda"));
 }
 
-TEST_CASE("One rank: the sync and the all-reduce change nothing", "[distributed]") {
+// A one-parameter module for the single-process cases.
+struct Weights : torch::nn::Module {
+  explicit Weights(at::Tensor value) { w = register_parameter("w", std::move(value)); }
+  at::Tensor w;
+};
+
+TEST_CASE("One rank: the sync and DistributedDataParallel change nothing", "[distributed][ddp]") {
   amp_test::TempDir dir("distributed_single");
   auto group = single_rank_group(dir);
   amp::GradScaler synced(c10::DeviceType::CPU,
                          amp::GradScalerOptions().found_inf_sync(dist::found_inf_sync(group)));
   amp::GradScaler plain(c10::DeviceType::CPU);
-  at::Tensor a = at::ones({3}).requires_grad_();
+  auto a = std::make_shared<Weights>(at::ones({3}));
   at::Tensor b = at::ones({3}).requires_grad_();
-  torch::optim::SGD opt_a({a}, 0.5), opt_b({b}, 0.5);
-  dist::GradientAllReduce reducer({a}, group);
+  torch::optim::SGD opt_a({a->w}, 0.5), opt_b({b}, 0.5);
+  dist::DistributedDataParallel ddp(a, group);
+  CHECK(ddp.parameters().size() == 1);
+  CHECK(ddp.buckets() == std::vector<std::vector<size_t>>{{0}});
   for (int step = 0; step < 3; ++step) {
     opt_a.zero_grad();
     opt_b.zero_grad();
-    synced.scale(a.sum() * 3).backward();
+    const at::Tensor out = ddp.forward([&] { return a->w.sum() * 3; });
+    synced.scale(out).backward();
     plain.scale(b.sum() * 3).backward();
     if (step == 1) {
-      a.mutable_grad()[0].fill_(NAN);
+      a->w.mutable_grad()[0].fill_(NAN);
       b.mutable_grad()[0].fill_(NAN);
     }
-    reducer.all_reduce_();
     // unscale_ without a step records flags the update combines on its own.
     synced.unscale_(opt_a);
     plain.unscale_(opt_b);
@@ -384,9 +493,30 @@ TEST_CASE("One rank: the sync and the all-reduce change nothing", "[distributed]
     synced.update();
     plain.update();
     CHECK(synced.get_scale() == plain.get_scale());
-    CHECK(torch::equal(a, b));
+    CHECK(torch::equal(a->w, b));
   }
   CHECK(synced.get_scale() == 32768.0);
+}
+
+TEST_CASE("DistributedDataParallel::forward passes tensors, vectors and tuples through",
+          "[distributed][ddp]") {
+  amp_test::TempDir dir("distributed_forward");
+  auto group = single_rank_group(dir);
+  auto module = std::make_shared<Weights>(at::full({2}, 2.0f));
+  dist::DistributedDataParallel ddp(
+      module, group, dist::DistributedDataParallelOptions().find_unused_parameters(true));
+  const auto pair = ddp.forward([&] {
+    return std::make_tuple(module->w * 3, std::vector<at::Tensor>{module->w + 1, module->w * 0});
+  });
+  CHECK(torch::equal(std::get<0>(pair), torch::full({2}, 6.0f)));
+  CHECK(std::get<1>(pair).size() == 2);
+  (std::get<0>(pair).sum() + std::get<1>(pair)[0].sum()).backward();
+  CHECK(torch::equal(module->w.grad(), torch::full({2}, 4.0f)));
+  {
+    auto guard = ddp.no_sync();
+    ddp.forward([&] { return module->w.sum(); }).backward();  // accumulates locally
+  }
+  CHECK(torch::equal(module->w.grad(), torch::full({2}, 5.0f)));
 }
 
 TEST_CASE("A one-rank NCCL group syncs a CUDA scaler and averages CUDA gradients",
@@ -398,22 +528,23 @@ TEST_CASE("A one-rank NCCL group syncs a CUDA scaler and averages CUDA gradients
   const auto cuda = at::TensorOptions(c10::DeviceType::CUDA);
   amp::GradScaler scaler(c10::DeviceType::CUDA,
                          amp::GradScalerOptions().found_inf_sync(dist::found_inf_sync(group)));
-  at::Tensor w = at::ones({5}, cuda).requires_grad_();
-  torch::optim::SGD optimizer({w}, 0.5);
-  dist::GradientAllReduce reducer({w}, group,
-                                  dist::GradientAllReduceOptions().comm_dtype(at::kHalf));
+  auto module = std::make_shared<Weights>(at::ones({5}, cuda));
+  torch::optim::SGD optimizer({module->w}, 0.5);
+  dist::DistributedDataParallel ddp(
+      module, group,
+      dist::DistributedDataParallelOptions().comm_hook(dist::CommHook::kFp16Compress));
   // Scaled by 2^16: step 1's gradients, 2^15, travel exactly in float16; step 2's, 2^17, overflow
   // float16 in transfer, and the step is skipped.
   for (int step = 1; step <= 2; ++step) {
     optimizer.zero_grad();
-    scaler.scale(w.sum() * (step == 1 ? 0.5 : 2.0)).backward();
-    reducer.all_reduce_();
+    const at::Tensor loss = ddp.forward([&] { return module->w.sum() * (step == 1 ? 0.5 : 2.0); });
+    scaler.scale(loss).backward();
     const amp::StepResult result = scaler.step(optimizer);
     scaler.update();
     CHECK(result.found_inf.device().is_cuda());
     CHECK(result.found_inf.item<float>() == (step == 1 ? 0.0f : 1.0f));
   }
-  CHECK(torch::equal(w.cpu(), torch::full({5}, 0.75f)));  // 1 - 0.5 * 0.5, then skipped
+  CHECK(torch::equal(module->w.cpu(), torch::full({5}, 0.75f)));  // 1 - 0.5 * 0.5, then skipped
   CHECK(scaler.get_scale() == 32768.0);
   CHECK_THROWS_WITH(
       amp::GradScaler(c10::DeviceType::CPU,
@@ -422,20 +553,49 @@ TEST_CASE("A one-rank NCCL group syncs a CUDA scaler and averages CUDA gradients
                       "nccl) serves cuda"));
 }
 
+TEST_CASE("DistributedDataParallel on two ranks sharing a GPU over Gloo averages CUDA gradients",
+          "[distributed][cuda]") {
+  const auto results = run_ranks({"ddp_grads", "fp16", "1e-7", "unused", "cuda"}, 2);
+  require_all_succeeded(results);
+  INFO(describe(results));
+  const std::vector<int64_t> numel{0, 1, 7, 15, 33, 2};
+  for (const auto& r : results) {
+    CHECK(r.at("iteration2.buckets") == "6");
+    CHECK(r.at("grad5") == "undefined");
+    for (size_t j = 1; j < 5; ++j) {
+      std::vector<float> expected;
+      for (int64_t i = 0; i < numel[j]; ++i) {
+        const int k = static_cast<int>((i + static_cast<int64_t>(j)) % 5 + 1);
+        expected.push_back(static_cast<float>(j == 4 ? 2 * k : 3 * k));  // rank 0 skips p4
+      }
+      CHECK(r.at("grad" + std::to_string(j)) == bits(expected));
+    }
+  }
+}
+
 TEST_CASE("Bad distributed arguments are refused with sentences", "[distributed]") {
   amp_test::TempDir dir("distributed_args");
   auto group = single_rank_group(dir);
-  at::Tensor w = at::zeros({3}).requires_grad_();
+  torch::nn::Linear linear(3, 2);
   CHECK_THROWS_WITH(
-      dist::GradientAllReduce({w}, group, dist::GradientAllReduceOptions().bucket_bytes(0)),
-      Catch::Contains("bucket_bytes must be > 0; got 0"));
-  CHECK_THROWS_WITH(
-      dist::GradientAllReduce({w}, group, dist::GradientAllReduceOptions().comm_dtype(at::kDouble)),
-      Catch::Contains("comm_dtype must be at::kHalf or at::kBFloat16"));
-  CHECK_THROWS_WITH(dist::GradientAllReduce({at::Tensor()}, group),
-                    Catch::Contains("parameter 0 is undefined"));
-  CHECK_THROWS_WITH(dist::GradientAllReduce({w}, nullptr),
+      dist::DistributedDataParallel(linear, group,
+                                    dist::DistributedDataParallelOptions().bucket_cap_mb(0)),
+      Catch::Contains("bucket_cap_mb must be > 0 (MiB); got 0"));
+  CHECK_THROWS_WITH(dist::DistributedDataParallel(
+                        linear, group, dist::DistributedDataParallelOptions().first_bucket_cap_mb(-1)),
+                    Catch::Contains("first_bucket_cap_mb must be > 0 (MiB); got -1"));
+  CHECK_THROWS_WITH(dist::DistributedDataParallel(std::shared_ptr<torch::nn::Module>(), group),
+                    Catch::Contains("module is null"));
+  CHECK_THROWS_WITH(dist::DistributedDataParallel(linear, nullptr),
                     Catch::Contains("the process group is null"));
+  torch::nn::Embedding sparse(torch::nn::EmbeddingOptions(4, 2).sparse(true));
+  CHECK_THROWS_WITH(dist::DistributedDataParallel(sparse, group),
+                    Catch::Contains("'weight' belongs to an Embedding with sparse=true"));
+  {
+    dist::DistributedDataParallel ddp(linear, group);
+    ddp.forward([&] { return linear->forward(at::ones({1, 3})); });
+    CHECK_THROWS_WITH(ddp.register_comm_hook(nullptr), Catch::Contains("got a null hook"));
+  }
   CHECK_THROWS_WITH(dist::found_inf_sync(nullptr), Catch::Contains("the process group is null"));
   auto store = c10::make_intrusive<c10d::FileStore>((dir.path() / "other").string(), 1);
   CHECK_THROWS_WITH(dist::new_gloo_group(store, 1, 1),

@@ -9,11 +9,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/functional.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/optim/sgd.h>
 
 #include <sys/prctl.h>
@@ -102,36 +109,59 @@ void skip_together(const dist::TorchrunEnv& env, const std::string& optimizer, b
   print("host_reads", std::to_string(host_reads));
 }
 
-// Gradients of known values through GradientAllReduce; printed for the test to compare with the
-// average it computes itself.
-void all_reduce(const dist::TorchrunEnv& env, const std::string& comm, int64_t bucket_bytes) {
-  auto group = dist::init_gloo_from_torchrun(group_options());
-  dist::GradientAllReduceOptions options;
-  options.bucket_bytes(bucket_bytes);
-  if (comm == "fp16") options.comm_dtype(at::kHalf);
-  if (comm == "bf16") options.comm_dtype(at::kBFloat16);
-  const std::vector<std::vector<int64_t>> shapes{{0}, {1}, {7}, {3, 5}, {33}, {2}};
-  std::vector<at::Tensor> params;
-  for (size_t j = 0; j < shapes.size(); ++j) {
-    at::Tensor p = at::zeros(shapes[j]).requires_grad_();
-    // Parameter 4 has no gradient on rank 0, parameter 5 on no rank.
-    const bool has_grad = j != 5 && !(j == 4 && env.rank == 0);
-    if (has_grad) {
-      at::Tensor grad = at::empty(shapes[j]);
-      auto flat = grad.view({-1});
-      for (int64_t i = 0; i < flat.numel(); ++i) {
-        flat[i].fill_(static_cast<double>(env.world_size * (env.rank + 1) *
-                                          ((i + static_cast<int64_t>(j)) % 5 + 1)));
-      }
-      p.mutable_grad() = grad;
-    }
-    params.push_back(p);
+// Six parameters (one empty) whose gradients are known integers, reduced by DistributedDataParallel
+// with the hook `comm` and buckets of `bucket_cap_mb`; with "unused", parameter 4 is used only
+// on the ranks other than 0 and parameter 5 nowhere (find_unused_parameters). Two iterations:
+// the second runs on the buckets rebuilt from the first backward. Printed for the test to
+// compare with the average it computes itself.
+struct KnownGradients : torch::nn::Module {
+  explicit KnownGradients(const std::vector<std::vector<int64_t>>& shapes) {
+    for (size_t j = 0; j < shapes.size(); ++j)
+      params.push_back(register_parameter("p" + std::to_string(j), at::zeros(shapes[j])));
   }
-  dist::GradientAllReduce reducer(params, group, options);
-  print("buckets", std::to_string(reducer.buckets().size()));
-  reducer.all_reduce_();
-  for (size_t j = 0; j < params.size(); ++j) {
-    const at::Tensor& grad = params[j].grad();
+  std::vector<at::Tensor> params;
+};
+
+dist::CommHook comm_hook(const std::string& comm) {
+  if (comm == "fp16") return dist::CommHook::kFp16Compress;
+  if (comm == "bf16") return dist::CommHook::kBf16Compress;
+  return dist::CommHook::kAllReduce;
+}
+
+void ddp_grads(const dist::TorchrunEnv& env, const std::string& comm, double bucket_cap_mb,
+               bool unused, c10::DeviceType device) {
+  auto group = dist::init_gloo_from_torchrun(group_options());
+  const std::vector<std::vector<int64_t>> shapes{{0}, {1}, {7}, {3, 5}, {33}, {2}};
+  auto module = std::make_shared<KnownGradients>(shapes);
+  module->to(device);  // in place (set_data): module->params stay the registered tensors
+  dist::DistributedDataParallel ddp(module, group,
+                                    dist::DistributedDataParallelOptions()
+                                        .bucket_cap_mb(bucket_cap_mb)
+                                        .find_unused_parameters(unused)
+                                        .comm_hook(comm_hook(comm)));
+  for (int iteration = 1; iteration <= 2; ++iteration) {
+    for (auto& p : module->params) p.mutable_grad() = at::Tensor();
+    const at::Tensor loss = ddp.forward([&] {
+      at::Tensor total = at::zeros({}, at::TensorOptions(device));
+      for (size_t j = 0; j < shapes.size(); ++j) {
+        const bool used = !unused || (j != 5 && !(j == 4 && env.rank == 0));
+        if (!used) continue;
+        // d total / d p_j[i] = world * (rank + 1) * ((i + j) % 5 + 1)
+        const at::Tensor weights =
+            (at::arange(module->params[j].numel(), at::TensorOptions(device)) +
+             static_cast<int64_t>(j))
+                .remainder(5) +
+            1;
+        total = total + (module->params[j].reshape({-1}) * weights).sum() *
+                            static_cast<double>(env.world_size * (env.rank + 1));
+      }
+      return total;
+    });
+    loss.backward();
+    print("iteration" + std::to_string(iteration) + ".buckets", std::to_string(ddp.buckets().size()));
+  }
+  for (size_t j = 0; j < shapes.size(); ++j) {
+    const at::Tensor& grad = module->params[j].grad();
     print("grad" + std::to_string(j),
           grad.defined() ? (grad.numel() ? hex(grad) : "empty") : "undefined");
     print("dtype" + std::to_string(j),
@@ -139,58 +169,72 @@ void all_reduce(const dist::TorchrunEnv& env, const std::string& comm, int64_t b
   }
 }
 
-// Rank 1 has one gradient element beyond float16's range: with fp16 transfer it becomes inf on
-// every rank and every rank skips; with bf16 it is an ordinary value.
+// One parameter w, DistributedDataParallel with the fp16 or bf16 hook: every rank's scaled gradient
+// has an element beyond float16's range (2^16 * 2 = 2^17), so with fp16 transfer it becomes inf
+// on every rank, each rank's flag is 1, and every rank must skip (MAX of the flags, not SUM);
+// with bf16 it is an ordinary value.
+struct OneParameter : torch::nn::Module {
+  OneParameter() { w = register_parameter("w", at::zeros({4})); }
+  at::Tensor w;
+};
+
 void overflow(const dist::TorchrunEnv& env, const std::string& comm, const std::string& optimizer) {
   auto group = dist::init_gloo_from_torchrun(group_options());
   amp::GradScaler scaler(c10::DeviceType::CPU,
                          amp::GradScalerOptions().found_inf_sync(dist::found_inf_sync(group)));
-  at::Tensor w = at::zeros({4}).requires_grad_();
-  auto opt_owner = make_optimizer(optimizer, w);
+  auto module = std::make_shared<OneParameter>();
+  auto opt_owner = make_optimizer(optimizer, module->w);
   torch::optim::Optimizer& opt = *opt_owner;
-  dist::GradientAllReduce reducer(
-      {w}, group,
-      dist::GradientAllReduceOptions().comm_dtype(comm == "fp16" ? at::kHalf : at::kBFloat16));
-  scaler.scale((w * at::tensor({0.25f, 0.125f, 0.0625f, 0.03125f})).sum()).backward();
-  if (env.rank == 1) w.mutable_grad()[0].fill_(7e4);
-  reducer.all_reduce_();
+  dist::DistributedDataParallel ddp(
+      module, group, dist::DistributedDataParallelOptions().comm_hook(comm_hook(comm)));
+  const at::Tensor c = at::tensor({2.0f + env.rank, 0.125f, 0.0625f, 0.03125f});
+  const at::Tensor loss = ddp.forward([&] { return (module->w * c).sum(); });
+  scaler.scale(loss).backward();
   const amp::StepResult result = scaler.step(opt);
   scaler.update();
   print("found_inf", hex(result.found_inf));
   print("taken", result.outcome == amp::StepOutcome::kTaken ? "1" : "0");
   print("scale", hex(scaler.scale_tensor()));
-  print("params", hex(w));
+  print("params", hex(module->w));
 }
 
 // bf16 parameters trained by FusedAdamW in a low-precision mode (master, kahan or sr) on each
-// rank's own data: GradientAllReduce averages the bf16 gradients in their dtype, and in step 3
+// rank's own data: DistributedDataParallel averages the bf16 gradients in their dtype, and in step 3
 // rank 1 alone sees an inf after the all-reduce, so the synced flag must make every rank skip.
 void low_precision(const dist::TorchrunEnv& env, const std::string& mode) {
   auto group = dist::init_gloo_from_torchrun(group_options());
   amp::GradScaler scaler(c10::DeviceType::CPU,
                          amp::GradScalerOptions().found_inf_sync(dist::found_inf_sync(group)));
   at::manual_seed(3);
-  std::vector<at::Tensor> params{at::randn({64}).to(at::kBFloat16).requires_grad_(),
-                                 at::randn({8, 8}).to(at::kBFloat16).requires_grad_()};
+  auto module = std::make_shared<torch::nn::Module>();
+  std::vector<at::Tensor> params{
+      module->register_parameter("a", at::randn({64}).to(at::kBFloat16)),
+      module->register_parameter("b", at::randn({8, 8}).to(at::kBFloat16))};
   amp::optim::FusedAdamW opt(params, amp::optim::FusedAdamWOptions(1e-2)
                                          .weight_decay(0.01)
                                          .master_weights(mode == "master")
                                          .kahan_summation(mode == "kahan")
                                          .stochastic_rounding(mode == "sr")
                                          .rounding_seed(5));
-  dist::GradientAllReduce reducer(params, group);
+  dist::DistributedDataParallel ddp(module, group);
   int64_t host_reads = 0;
   for (int step = 1; step <= 4; ++step) {
     opt.zero_grad();
     at::manual_seed(100 + 10 * step + env.rank);  // each rank its own data
-    at::Tensor loss = at::zeros({}, at::kFloat);
-    for (const auto& p : params) loss = loss + (p.to(at::kFloat) * at::randn(p.sizes())).sum();
-    scaler.scale(loss).backward();
-    reducer.all_reduce_();
-    if (step == 3 && env.rank == 1) params[1].mutable_grad()[2][5].fill_(NAN);
+    std::vector<at::Tensor> data;
+    for (const auto& p : params) data.push_back(at::randn(p.sizes()));
     amp::StepResult result;
     {
+      // The whole iteration, DDP's forward and backward included, reads nothing on the host.
       amp_test::HostReadRecorder recorder;
+      const at::Tensor loss = ddp.forward([&] {
+        at::Tensor total = at::zeros({}, at::kFloat);
+        for (size_t k = 0; k < params.size(); ++k)
+          total = total + (params[k].to(at::kFloat) * data[k]).sum();
+        return total;
+      });
+      scaler.scale(loss).backward();
+      if (step == 3 && env.rank == 1) params[1].mutable_grad()[2][5].fill_(NAN);
       result = scaler.step(opt);
       scaler.update();
       host_reads += static_cast<int64_t>(recorder.reads().size());
@@ -269,17 +313,14 @@ void stalls(const dist::TorchrunEnv& env) {
   auto group = dist::init_gloo_from_torchrun(group_options());
   amp::GradScaler scaler(c10::DeviceType::CPU,
                          amp::GradScalerOptions().found_inf_sync(dist::found_inf_sync(group)));
-  at::Tensor w = at::ones({4}).requires_grad_();
-  torch::optim::SGD opt({w}, 0.5);
-  dist::GradientAllReduce reducer({w}, group);
+  auto module = std::make_shared<OneParameter>();
+  dist::DistributedDataParallel ddp(module, group);
   print("joined", "1");
   if (env.rank == env.world_size - 1) {
     ::sleep(12);
     return;
   }
-  opt.zero_grad();
-  scaler.scale(w.sum()).backward();
-  reducer.all_reduce_();
+  scaler.scale(ddp.forward([&] { return module->w.sum(); })).backward();
   print("finished", "1");
 }
 
@@ -295,40 +336,202 @@ at::Tensor read_raw(const std::string& path, std::vector<int64_t> shape, at::Sca
   return t;
 }
 
-// The twin of tests/parity/ddp_parity.py's DistributedDataParallel run: Linear(in, out) under
-// fp16 autocast, GradScaler, SGD, each rank on its own batches, gradients averaged by
-// GradientAllReduce (in `comm`); prints the scale and the parameters after every step.
-void ddp_parity(const dist::TorchrunEnv& env, const std::string& dir, const std::string& comm) {
-  const int64_t steps = 8, batch = 16, in = 32, out = 10;
+// The scenario of tests/parity/ddp_parity.py, as "key=value" arguments.
+struct ParityConfig {
+  std::map<std::string, std::string> values;
+  const std::string& at(const std::string& key) const {
+    const auto found = values.find(key);
+    if (found == values.end()) throw std::runtime_error("ddp_parity: missing " + key + "=");
+    return found->second;
+  }
+  int64_t integer(const std::string& key) const { return std::atoll(at(key).c_str()); }
+  double real(const std::string& key) const { return std::atof(at(key).c_str()); }
+};
+
+// fc1 -> relu -> fc2, plus a side head added on even steps only when the scenario has unused
+// parameters: the model of ddp_parity.py, registered in the same order.
+struct ParityNet : torch::nn::Module {
+  ParityNet(int64_t in, int64_t hidden, int64_t out)
+      : fc1(register_module("fc1", torch::nn::Linear(in, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, out))),
+        side(register_module("side", torch::nn::Linear(hidden, out))) {}
+  // at::linear, as Python's F.linear: the C++ frontend's Linear::forward calls addmm(bias, x,
+  // weight.t()) for 2-d inputs, whose autocast casts (bias first) order backward differently.
+  at::Tensor forward(const at::Tensor& x, bool use_side) {
+    const at::Tensor h = at::relu(at::linear(x, fc1->weight, fc1->bias));
+    at::Tensor y = at::linear(h, fc2->weight, fc2->bias);
+    return use_side ? y + at::linear(h, side->weight, side->bias) : y;
+  }
+  torch::nn::Linear fc1, fc2, side;
+};
+
+// The twin of ddp_parity.py's PyTorch ranks: the same model (rank r starts from its own weights;
+// DDP broadcasts rank 0's), data, GradScaler, SGD with momentum and DDP options, with amp's
+// DistributedDataParallel; prints the scale and the parameters after every step.
+void ddp_parity(const dist::TorchrunEnv& env, const std::string& dir, const ParityConfig& config) {
+  const int64_t steps = config.integer("steps"), accumulate = config.integer("accumulate"),
+                batch = config.integer("batch"), in = config.integer("in"),
+                hidden = config.integer("hidden"), out = config.integer("out");
+  const bool unused = config.at("unused") == "1", fp16_autocast = config.at("autocast") == "fp16";
   auto group = dist::init_gloo_from_torchrun(group_options());
-  at::Tensor weight = read_raw(dir + "/weight.bin", {out, in}, at::kFloat).requires_grad_();
-  at::Tensor bias = read_raw(dir + "/bias.bin", {out}, at::kFloat).requires_grad_();
-  const std::string mine = dir + "/rank" + std::to_string(env.rank);
-  const at::Tensor xs = read_raw(mine + "_x.bin", {steps, batch, in}, at::kFloat);
-  const at::Tensor ys = read_raw(mine + "_y.bin", {steps, batch}, at::kLong);
-  torch::optim::SGD optimizer({weight, bias}, 0.1);
-  amp::GradScaler scaler(
-      c10::DeviceType::CPU,
-      amp::GradScalerOptions().init_scale(1048576.0).growth_interval(2).found_inf_sync(
-          dist::found_inf_sync(group)));
-  dist::GradientAllReduceOptions options;
-  if (comm == "fp16") options.comm_dtype(at::kHalf);
-  if (comm == "bf16") options.comm_dtype(at::kBFloat16);
-  dist::GradientAllReduce reducer({weight, bias}, group, options);
+  auto model = std::make_shared<ParityNet>(in, hidden, out);
+  {
+    const std::string mine = dir + "/rank" + std::to_string(env.rank) + "_";
+    at::NoGradGuard no_grad;
+    for (auto& named : model->named_parameters()) {
+      named.value().copy_(read_raw(mine + named.key() + ".bin", named.value().sizes().vec(),
+                                   at::kFloat));
+    }
+  }
+  const std::string data = dir + "/rank" + std::to_string(env.rank);
+  const at::Tensor xs = read_raw(data + "_x.bin", {steps, accumulate, batch, in}, at::kFloat);
+  const at::Tensor ys = read_raw(data + "_y.bin", {steps, accumulate, batch}, at::kLong);
+  dist::DistributedDataParallelOptions options;
+  options.find_unused_parameters(unused).comm_hook(comm_hook(config.at("hook")));
+  if (config.at("bucket_cap_mb") != "default") options.bucket_cap_mb(config.real("bucket_cap_mb"));
+  options.static_graph(config.at("static_graph") == "1");
+  dist::DistributedDataParallel ddp(model, group, options);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  amp::GradScalerOptions scaler_options = amp::GradScalerOptions()
+                                                   .init_scale(config.real("init_scale"))
+                                                   .growth_interval(2);
+  scaler_options.found_inf_sync(dist::found_inf_sync(group));
+  amp::GradScaler scaler(c10::DeviceType::CPU, scaler_options);
+  const bool flip = std::getenv("AMP_TEST_FLIP_BIT") != nullptr;
   for (int64_t step = 0; step < steps; ++step) {
     optimizer.zero_grad();
-    at::Tensor loss;
-    {
-      amp::AutocastGuard autocast(c10::DeviceType::CPU, at::kHalf);
-      loss = at::cross_entropy_loss(at::linear(xs[step], weight, bias), ys[step]);
+    for (int64_t micro = 0; micro < accumulate; ++micro) {
+      const auto run = [&] {
+        at::Tensor loss = ddp.forward([&] {
+          std::optional<amp::AutocastGuard> autocast;
+          if (fp16_autocast) autocast.emplace(c10::DeviceType::CPU, at::kHalf);
+          return model->forward(xs[step][micro], !unused || step % 2 == 0);
+        });
+        loss = at::cross_entropy_loss(loss.to(at::kFloat), ys[step][micro]) / accumulate;
+        scaler.scale(loss).backward();
+      };
+      if (micro + 1 < accumulate) {
+        auto guard = ddp.no_sync();  // the micro-batches before the last accumulate locally
+        run();
+      } else {
+        run();
+      }
     }
-    scaler.scale(loss).backward();
-    reducer.all_reduce_();
     scaler.step(optimizer);
     scaler.update();
+    if (flip && step == 2 && env.rank == 0) {
+      // One wrong bit in one weight, to show that the comparison sees it.
+      at::NoGradGuard no_grad;
+      const at::Tensor w = model->fc2->weight.view(at::kInt);
+      w.view({-1})[0].bitwise_xor_(1);
+    }
     const std::string key = "step" + std::to_string(step);
     print(key + ".scale", hex(scaler.scale_tensor()));
-    print(key + ".params", hex(at::cat({weight.detach().reshape({-1}), bias.detach()})));
+    std::vector<at::Tensor> flat;
+    for (const auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}));
+    print(key + ".params", hex(at::cat(flat)));
+  }
+  print("side.weight.grad", model->side->weight.grad().defined() ? "defined" : "undefined");
+  print("buckets", std::to_string(ddp.buckets().size()));
+  std::string order;
+  for (const auto& bucket : ddp.buckets()) {
+    order += order.empty() ? "" : ";";
+    for (size_t k = 0; k < bucket.size(); ++k) order += (k ? "," : "") + std::to_string(bucket[k]);
+  }
+  print("bucket_order", order);
+}
+
+// A comm hook of the user's (c10d::CppCommHookInterface) that records, when each bucket is sent,
+// which of the model's gradients backward has produced so far, then all-reduces and averages.
+struct Snapshot {
+  std::vector<at::Tensor> params;
+  std::vector<std::string> sent;  // per bucket sent: "<index>:<gradients defined>/<count>"
+  bool first_layer_pending_at_first_send = false;
+};
+
+class RecordingHook final : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
+ public:
+  RecordingHook(c10::intrusive_ptr<c10d::ProcessGroup> group, std::shared_ptr<Snapshot> snapshot)
+      : CppCommHookInterface(std::move(group)), snapshot_(std::move(snapshot)) {}
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    int64_t defined = 0;
+    for (const auto& p : snapshot_->params) defined += p.grad().defined() ? 1 : 0;
+    if (snapshot_->sent.empty()) {
+      snapshot_->first_layer_pending_at_first_send = !snapshot_->params.front().grad().defined();
+    }
+    snapshot_->sent.push_back(std::to_string(bucket.getIndex()) + ":" + std::to_string(defined) +
+                              "/" + std::to_string(snapshot_->params.size()));
+    std::vector<at::Tensor> tensors{bucket.getBufferRef().div_(state_->getSize())};
+    return state_->allreduce(tensors)->getFuture();
+  }
+
+ private:
+  std::shared_ptr<Snapshot> snapshot_;
+};
+
+// Four Linear layers, one bucket each from the second iteration on; prints what the recording
+// hook saw in the second backward.
+void overlap(const dist::TorchrunEnv& env) {
+  auto group = dist::init_gloo_from_torchrun(group_options());
+  at::manual_seed(5);
+  const auto relu = [](const at::Tensor& t) { return at::relu(t); };
+  torch::nn::Sequential model(torch::nn::Linear(64, 64), torch::nn::Functional(relu),
+                              torch::nn::Linear(64, 64), torch::nn::Functional(relu),
+                              torch::nn::Linear(64, 64), torch::nn::Functional(relu),
+                              torch::nn::Linear(64, 10));
+  dist::DistributedDataParallel ddp(model, group,
+                                    dist::DistributedDataParallelOptions().bucket_cap_mb(0.01));
+  auto snapshot = std::make_shared<Snapshot>();
+  snapshot->params = model->parameters();
+  ddp.register_comm_hook(std::make_unique<RecordingHook>(group, snapshot));
+  torch::optim::SGD optimizer(model->parameters(), 0.1);
+  for (int iteration = 1; iteration <= 2; ++iteration) {
+    optimizer.zero_grad();  // gradients undefined until backward produces them
+    snapshot->sent.clear();
+    at::manual_seed(50 + env.rank + 10 * iteration);
+    const at::Tensor x = at::randn({32, 64});
+    ddp.forward([&] { return model->forward(x); }).square().mean().backward();
+    optimizer.step();
+  }
+  std::string sent;
+  for (const auto& entry : snapshot->sent) sent += (sent.empty() ? "" : " ") + entry;
+  print("buckets", std::to_string(ddp.buckets().size()));
+  print("sent", sent);
+  print("first_layer_pending_at_first_send", snapshot->first_layer_pending_at_first_send ? "1" : "0");
+  std::vector<at::Tensor> flat;
+  for (const auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}));
+  print("params", hex(at::cat(flat)));
+}
+
+// Misuse and faults, each expected to end in a sentence on every rank.
+void fault(const dist::TorchrunEnv& env, const std::string& kind) {
+  auto group = dist::init_gloo_from_torchrun(group_options());
+  const bool last = env.rank == env.world_size - 1;
+  auto model = std::make_shared<ParityNet>(8, last && kind == "shape" ? 12 : 16, 4);
+  if (last && kind == "count") model->register_parameter("extra", at::zeros({3}));
+  if (last && kind == "dtype") model->side->to(at::kDouble);
+  if (last && kind == "requires_grad") model->side->bias.requires_grad_(false);
+  dist::DistributedDataParallelOptions options;
+  if (kind == "twice") {
+    dist::DistributedDataParallel first(model, group);
+    print("first", "1");
+    dist::DistributedDataParallel second(model, group);
+    print("second", "1");
+    return;
+  }
+  dist::DistributedDataParallel ddp(model, group, options);
+  print("constructed", "1");
+  const at::Tensor x = at::randn({4, 8});
+  for (int iteration = 1; iteration <= 2; ++iteration) {
+    // "unused": the side head never reaches the loss, and find_unused_parameters is off.
+    at::Tensor loss =
+        ddp.forward([&] { return model->forward(x, kind != "unused"); }).square().mean();
+    if (kind == "no_sync") {
+      auto guard = ddp.no_sync();  // too late: the forward above was synced
+    }
+    if (kind == "dies" && last) std::_Exit(3);  // between its forward and its backward
+    loss.backward();
+    print("iteration" + std::to_string(iteration), "1");
   }
 }
 
@@ -354,8 +557,10 @@ int main(int argc, char** argv) {
       skip_together(
           env, args[1], args[2] == "sync",
           args.size() == 4 && args[3] == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
-    } else if (scenario == "all_reduce" && args.size() == 3) {
-      all_reduce(env, args[1], std::atoll(args[2].c_str()));
+    } else if (scenario == "ddp_grads" && (args.size() == 4 || args.size() == 5)) {
+      ddp_grads(env, args[1], std::atof(args[2].c_str()), args[3] == "unused",
+                args.size() == 5 && args[4] == "cuda" ? c10::DeviceType::CUDA
+                                                      : c10::DeviceType::CPU);
     } else if (scenario == "overflow" && (args.size() == 2 || args.size() == 3)) {
       overflow(env, args[1], args.size() == 3 ? args[2] : "sgd");
     } else if (scenario == "options_differ") {
@@ -364,18 +569,27 @@ int main(int argc, char** argv) {
       dies(env);
     } else if (scenario == "stalls") {
       stalls(env);
-    } else if (scenario == "ddp_parity" && args.size() == 3) {
-      ddp_parity(env, args[1], args[2]);
+    } else if (scenario == "ddp_parity" && args.size() >= 2) {
+      ParityConfig config;
+      for (size_t i = 2; i < args.size(); ++i) {
+        const size_t eq = args[i].find('=');
+        if (eq != std::string::npos) config.values[args[i].substr(0, eq)] = args[i].substr(eq + 1);
+      }
+      ddp_parity(env, args[1], config);
     } else if (scenario == "low_precision" && args.size() == 2) {
       low_precision(env, args[1]);
     } else if (scenario == "fp8_delayed" && args.size() == 2) {
       fp8_delayed(env, args[1]);
+    } else if (scenario == "overlap") {
+      overlap(env);
+    } else if (scenario == "fault" && args.size() == 2) {
+      fault(env, args[1]);
     } else if (scenario == "join") {
       join();
     } else {
       std::fprintf(stderr,
                    "usage: amp_distributed_worker "
-                   "skip|all_reduce|overflow|options_differ|dies|stalls|ddp_parity|low_precision|fp8_delayed|join "
+                   "skip|ddp_grads|overflow|options_differ|dies|stalls|ddp_parity|low_precision|fp8_delayed|overlap|fault|join "
                    "...\n");
       return 64;
     }

@@ -20,3 +20,11 @@ amp_example_ddp(two_ranks_fp16_gradients_in_fp16 2 4
 # 63 images per step divide among 3 ranks; the shards are padded as DistributedSampler pads.
 amp_example_ddp(three_ranks_bf16_gradients_in_bf16 3 4
   --data "${_fixture}/good" --epochs 4 --precision bf16 --comm-dtype bf16 --batch-size 63)
+# Two nodes as users start them: two torchrun agents (--nnodes 2 --node-rank 0|1, c10d
+# rendezvous on 127.0.0.1), one process each, must train bit-identical parameters.
+add_test(NAME example.mnist_ddp.two_nodes_c10d_rendezvous
+  COMMAND "${AMP_PYTHON}" "${CMAKE_CURRENT_LIST_DIR}/check_ddp_multinode.py"
+    "${_amp_venv_bin}/torchrun" "$<TARGET_FILE:mnist_ddp>"
+    --data "${_fixture}/good" --epochs 2 --precision fp16 --comm-dtype bf16)
+set_tests_properties(example.mnist_ddp.two_nodes_c10d_rendezvous PROPERTIES
+  FIXTURES_REQUIRED example_idx_fixture LABELS "example;distributed" PROCESSORS 2 TIMEOUT 300)

@@ -1,13 +1,14 @@
-"""Data-parallel parity: PyTorch's DistributedDataParallel against amp::distributed, bit for bit.
+"""Data-parallel parity: PyTorch's DistributedDataParallel against amp's, bit for bit.
 
-Usage: ddp_parity.py WORKER WORKDIR COMM
-Two ranks train Linear(32, 10) under fp16 CPU autocast with a GradScaler (initial scale 2^20,
-growth interval 2) and SGD, each on its own batches, for 8 steps: here with
-torch.nn.parallel.DistributedDataParallel on Gloo (COMM "fp16"/"bf16": DDP's fp16/bf16
-compression hook), and with WORKER (amp_distributed_worker's ddp_parity scenario: amp's
-GradientAllReduce with comm_dtype, GradScaler with found_inf_sync) on the same weights and data,
-started as torchrun starts ranks. The scale and the parameters after every step must be equal
-bit for bit on every rank (two ranks: each sum has one order, so the results are exact).
+Usage: ddp_parity.py WORKER WORKDIR SCENARIO [--flip]
+For 2 and then 3 Gloo ranks, a small MLP (fc1 -> relu -> fc2, plus a side head) trains with
+torch.amp.GradScaler (growth interval 2) and SGD with momentum, each rank on its own batches and
+starting from its own weights (DDP broadcasts rank 0's): here with
+torch.nn.parallel.DistributedDataParallel, and with WORKER (amp_distributed_worker's ddp_parity
+scenario: amp::distributed::DistributedDataParallel, amp::GradScaler with found_inf_sync) on the
+same weights and data, started as torchrun starts ranks. The scale and every parameter after every
+step must be equal bit for bit on every rank. With --flip the worker flips one bit of one weight
+on rank 0 after step 2, and the run must then report mismatches (the comparison can fail).
 """
 import os
 import socket
@@ -21,7 +22,41 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-WORLD, STEPS, BATCH, IN, OUT = 2, 8, 16, 32, 10
+STEPS, BATCH, IN, HIDDEN, OUT = 6, 16, 32, 64, 10
+BASE = dict(hook="none", autocast="none", accumulate="1", unused="0", bucket_cap_mb="default",
+            init_scale=str(2.0 ** 16), static_graph="0", inf_at="none")
+SCENARIOS = {
+    "plain": dict(init_scale="1024"),
+    "fp16_autocast": dict(autocast="fp16"),
+    "fp16_hook": dict(hook="fp16", autocast="fp16"),
+    "bf16_hook": dict(hook="bf16", autocast="fp16"),
+    # Three micro-batches per step, the first two under no_sync().
+    "no_sync": dict(accumulate="3", autocast="fp16"),
+    # The side head is used on even steps only: find_unused_parameters, and on odd steps its
+    # gradients stay None, so momentum SGD leaves it alone.
+    "unused": dict(unused="1"),
+    "unused_no_sync": dict(unused="1", accumulate="2", hook="bf16"),
+    # Buckets of ~4 KiB: several all-reduces per backward.
+    "buckets": dict(bucket_cap_mb="0.004", autocast="fp16"),
+    # Rank 1's input holds an inf at step 3: every rank skips and backs off.
+    "inf_one_rank": dict(autocast="fp16", inf_at="1:3"),
+    # Scale 2^24 with float16 transfer: the all-reduced gradients overflow on every rank.
+    "fp16_overflow": dict(hook="fp16", init_scale=str(2.0 ** 24)),
+    "static_graph": dict(static_graph="1", autocast="fp16"),
+}
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(IN, HIDDEN)
+        self.fc2 = torch.nn.Linear(HIDDEN, OUT)
+        self.side = torch.nn.Linear(HIDDEN, OUT)
+
+    def forward(self, x, use_side):
+        h = torch.relu(self.fc1(x))
+        y = self.fc2(h)
+        return y + self.side(h) if use_side else y
 
 
 def hexes(t):
@@ -35,93 +70,156 @@ def free_port():
         return s.getsockname()[1]
 
 
-def ddp_rank(rank, port, workdir, comm, results):
+def load(path, like):
+    return torch.from_file(path, size=like.numel()).view(like.shape)
+
+
+def ddp_rank(rank, world, port, workdir, config, results):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD)
-    model = torch.nn.Linear(IN, OUT)
+                            world_size=world)
+    acc, unused = int(config["accumulate"]), config["unused"] == "1"
+    model = Net()
     with torch.no_grad():
-        model.weight.copy_(torch.from_file(f"{workdir}/weight.bin", size=OUT * IN).view(OUT, IN))
-        model.bias.copy_(torch.from_file(f"{workdir}/bias.bin", size=OUT))
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    if comm == "fp16":
+        for name, p in model.named_parameters():
+            p.copy_(load(f"{workdir}/rank{rank}_{name}.bin", p))
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model, find_unused_parameters=unused, static_graph=config["static_graph"] == "1",
+        bucket_cap_mb=None if config["bucket_cap_mb"] == "default" else float(config["bucket_cap_mb"]))
+    if config["hook"] == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif comm == "bf16":
+    elif config["hook"] == "bf16":
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    xs = torch.from_file(f"{workdir}/rank{rank}_x.bin", size=STEPS * BATCH * IN).view(STEPS, BATCH, IN)
-    ys = torch.from_file(f"{workdir}/rank{rank}_y.bin", size=STEPS * BATCH,
-                         dtype=torch.int64).view(STEPS, BATCH)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 20, growth_interval=2)
+    xs = torch.from_file(f"{workdir}/rank{rank}_x.bin", size=STEPS * acc * BATCH * IN).view(
+        STEPS, acc, BATCH, IN)
+    ys = torch.from_file(f"{workdir}/rank{rank}_y.bin", size=STEPS * acc * BATCH,
+                         dtype=torch.int64).view(STEPS, acc, BATCH)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=float(config["init_scale"]), growth_interval=2)
     lines = []
     for step in range(STEPS):
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = F.cross_entropy(ddp(xs[step]), ys[step])
-        scaler.scale(loss).backward()
+        for micro in range(acc):
+            def run():
+                with torch.autocast("cpu", dtype=torch.float16,
+                                    enabled=config["autocast"] == "fp16"):
+                    out = ddp(xs[step][micro], not unused or step % 2 == 0)
+                loss = F.cross_entropy(out.float(), ys[step][micro]) / acc
+                scaler.scale(loss).backward()
+            if micro + 1 < acc:
+                with ddp.no_sync():
+                    run()
+            else:
+                run()
         scaler.step(opt)
         scaler.update()
         lines.append((f"step{step}.scale", hexes(scaler._scale)))
-        lines.append((f"step{step}.params", hexes(torch.cat([model.weight.reshape(-1), model.bias]))))
+        lines.append((f"step{step}.params",
+                      hexes(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))))
+    lines.append(("side.weight.grad", "undefined" if model.side.weight.grad is None else "defined"))
     results[rank] = dict(lines)
     dist.destroy_process_group()
 
 
-def amp_ranks(worker, workdir, comm):
+def amp_ranks(worker, world, workdir, config, flip):
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
     procs = []
-    for rank in range(WORLD):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
+    args = [f"{k}={v}" for k, v in config.items()] + [
+        f"steps={STEPS}", f"batch={BATCH}", f"in={IN}", f"hidden={HIDDEN}", f"out={OUT}"]
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
                    TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([worker, "ddp_parity", workdir, comm], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = []
-    for rank, p in enumerate(procs):
+        if flip:
+            env["AMP_TEST_FLIP_BIT"] = "1"
+        # Files, not pipes: a rank blocked on a full pipe would stall the others' collectives.
+        out = open(f"{workdir}/amp_rank{rank}.out", "w+")
+        err = open(f"{workdir}/amp_rank{rank}.err", "w+")
+        procs.append((subprocess.Popen([worker, "ddp_parity", workdir] + args, env=env,
+                                       stdout=out, stderr=err), out, err))
+    results, errors = [], []
+    for rank, (p, out_file, err_file) in enumerate(procs):
         try:
-            out, err = p.communicate(timeout=120)
+            p.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            for q in procs:
+            for q, _, _ in procs:
                 q.kill()
             sys.exit(f"amp rank {rank} did not finish within 120 s")
+        out_file.seek(0)
+        err_file.seek(0)
+        out, err = out_file.read(), err_file.read()
         if p.returncode != 0:
-            sys.exit(f"amp rank {rank} exited {p.returncode}:\n{out}{err}")
+            errors.append(f"amp rank {rank} exited {p.returncode}: {err[-2000:]}")
         results.append(dict(line.split(" ", 1) for line in out.splitlines() if " " in line))
+    if errors:
+        sys.exit("\n".join(errors))
     return results
 
 
-def main():
-    worker, workdir, comm = sys.argv[1], sys.argv[2], sys.argv[3]
+def write_inputs(workdir, world, config):
+    acc = int(config["accumulate"])
+    gen = torch.Generator().manual_seed(20261204)
+    base = Net()
+    for name, p in base.named_parameters():
+        init = torch.randn(p.shape, generator=gen) * 0.2
+        for rank in range(world):
+            # Each rank starts elsewhere: the broadcast at construction must make them equal.
+            (init + 0.01 * rank).numpy().tofile(f"{workdir}/rank{rank}_{name}.bin")
+    for rank in range(world):
+        x = torch.randn(STEPS, acc, BATCH, IN, generator=gen) * (1 + rank)
+        if config["inf_at"] != "none":
+            inf_rank, inf_step = map(int, config["inf_at"].split(":"))
+            if rank == inf_rank:
+                x[inf_step, 0, 0, 0] = float("inf")
+        x.numpy().tofile(f"{workdir}/rank{rank}_x.bin")
+        torch.randint(OUT, (STEPS, acc, BATCH), generator=gen).numpy().tofile(
+            f"{workdir}/rank{rank}_y.bin")
+
+
+def compare(world, config, flip, worker, workdir):
     os.makedirs(workdir, exist_ok=True)
-    gen = torch.Generator().manual_seed(20261203)
-    (torch.randn(OUT, IN, generator=gen) * 0.2).numpy().tofile(f"{workdir}/weight.bin")
-    (torch.randn(OUT, generator=gen) * 0.1).numpy().tofile(f"{workdir}/bias.bin")
-    for rank in range(WORLD):
-        (torch.randn(STEPS, BATCH, IN, generator=gen) * (1 + rank)).numpy().tofile(
-            f"{workdir}/rank{rank}_x.bin")
-        torch.randint(OUT, (STEPS, BATCH), generator=gen).numpy().tofile(f"{workdir}/rank{rank}_y.bin")
-
+    write_inputs(workdir, world, config)
     results = mp.Manager().dict()
-    mp.spawn(ddp_rank, args=(free_port(), workdir, comm, results), nprocs=WORLD, join=True)
-    reference = [results[r] for r in range(WORLD)]
-    amp_results = amp_ranks(worker, workdir, comm)
-
+    mp.spawn(ddp_rank, args=(world, free_port(), workdir, config, results), nprocs=world,
+             join=True)
+    reference = [results[r] for r in range(world)]
+    amp_results = amp_ranks(worker, world, workdir, config, flip)
     failures = 0
-    scales = []
-    for rank in range(WORLD):
+    for rank in range(world):
         for key, expected in reference[rank].items():
             got = amp_results[rank].get(key)
             if got != expected:
                 failures += 1
-                print(f"rank {rank} {key}: amp {str(got)[:80]} != DDP {expected[:80]}")
-        scales = [reference[0][f"step{s}.scale"] for s in range(STEPS)]
-    skipped = sum(1 for a, b in zip(scales, scales[1:]) if int(b, 16) < int(a, 16))
-    print(f"comm {comm}: {WORLD} ranks x {STEPS} steps, scales {[struct.unpack('<f', bytes.fromhex(s)[::-1])[0] for s in scales]}, "
-          f"{skipped} back-offs after the first step; {failures} mismatches")
-    if reference[0] != reference[1]:
-        print("the DDP ranks themselves differ")
+                if failures <= 6:
+                    print(f"  {world} ranks, rank {rank} {key}: amp {str(got)[:60]} != "
+                          f"DDP {expected[:60]}")
+    scales = [struct.unpack(">f", bytes.fromhex(reference[0][f"step{s}.scale"]))[0]
+              for s in range(STEPS)]
+    print(f"{world} ranks x {STEPS} steps: scales {scales}, side head grad "
+          f"{reference[0]['side.weight.grad']}, amp buckets {amp_results[0].get('buckets')}; "
+          f"{failures} mismatches")
+    if any(r != reference[0] for r in reference[1:]):
+        print("  the DDP ranks themselves differ")
         failures += 1
-    sys.exit(1 if failures else 0)
+    return failures, amp_results
+
+
+def main():
+    worker, workdir, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
+    flip = "--flip" in sys.argv[4:]
+    config = dict(BASE, **SCENARIOS[scenario])
+    total = 0
+    for world in (2, 3):
+        failures, amp_results = compare(world, config, flip, worker, f"{workdir}/{world}")
+        total += failures
+        if scenario == "buckets" and int(amp_results[0]["buckets"]) < 3:
+            print(f"  expected several buckets, amp has {amp_results[0]['buckets']}")
+            total += 1
+    print(f"scenario {scenario}: {total} mismatches")
+    if flip:
+        # The flipped bit must be seen, on rank 0 at least.
+        sys.exit(0 if total > 0 else 1)
+    sys.exit(1 if total else 0)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 // Uses amp::distributed from the installed package: a one-rank Gloo group on a FileStore, a
-// GradScaler whose flag is synced over it and a gradient all-reduce, for one skipped and one
+// GradScaler whose flag is synced over it and DistributedDataParallel, for one skipped and one
 // taken step.
 #include <amp/distributed.h>
 #include <amp/info.h>
@@ -23,14 +23,15 @@ int main() {
   auto group = dist::new_gloo_group(store, 0, 1, dist::GroupOptions().gloo_hostname("127.0.0.1"));
   amp::GradScaler scaler(c10::DeviceType::CPU,
                          amp::GradScalerOptions().found_inf_sync(dist::found_inf_sync(group)));
-  at::Tensor w = at::ones({3}).requires_grad_();
+  auto model = std::make_shared<torch::nn::Module>();
+  at::Tensor w = model->register_parameter("w", at::ones({3}));
   torch::optim::SGD optimizer({w}, 0.5);
-  dist::GradientAllReduce reducer({w}, group);
+  dist::DistributedDataParallel ddp(model, group);
   int taken = 0;
   for (int step = 0; step < 2; ++step) {
     optimizer.zero_grad();
-    scaler.scale(w.sum() * (step == 0 ? INFINITY : 1.0)).backward();
-    reducer.all_reduce_();
+    const at::Tensor loss = ddp.forward([&] { return w.sum() * (step == 0 ? INFINITY : 1.0); });
+    scaler.scale(loss).backward();
     taken += scaler.step(optimizer) ? 1 : 0;
     scaler.update();
   }

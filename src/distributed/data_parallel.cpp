@@ -1,0 +1,406 @@
+// amp::distributed::DistributedDataParallel: Python's DDP wrapper around c10d::Reducer, in C++:
+// the construction-time checks and broadcast, the per-forward protocol, and amp's comm hooks.
+#include <amp/distributed.h>
+
+#include <limits>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/logger.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+#include <torch/nn/modules/embedding.h>
+
+#include "distributed/collective.h"
+
+namespace amp::distributed {
+
+namespace {
+
+constexpr const char* kWho = "amp::distributed::DistributedDataParallel";
+// Python's DDP broadcasts the initial state in chunks of this many bytes.
+constexpr size_t kBroadcastBucketBytes = 250 * 1024 * 1024;
+constexpr double kBytesPerMiB = 1024.0 * 1024.0;
+
+// What the ranks must agree on: the parameter count, the element count and a hash of the
+// shapes and dtypes (kept below 2^52 to survive the exchange as a double exactly).
+std::vector<double> model_signature(const std::vector<at::Tensor>& parameters) {
+  int64_t elements = 0;
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over (dtype, rank, sizes...)
+  const auto mix = [&hash](int64_t value) {
+    for (int byte = 0; byte < 8; ++byte) {
+      hash ^= static_cast<uint64_t>(value >> (8 * byte)) & 0xffu;
+      hash *= 1099511628211ull;
+    }
+  };
+  for (const auto& p : parameters) {
+    elements += p.numel();
+    mix(static_cast<int64_t>(p.scalar_type()));
+    mix(p.dim());
+    for (const int64_t size : p.sizes()) mix(size);
+  }
+  return {static_cast<double>(parameters.size()), static_cast<double>(elements),
+          static_cast<double>(hash & ((uint64_t{1} << 52) - 1))};
+}
+
+std::string format_signature(size_t index, double value) {
+  std::ostringstream out;
+  if (index == 2) {
+    out << std::hex << "0x" << static_cast<uint64_t>(value);
+  } else {
+    out << static_cast<int64_t>(value);
+  }
+  return out.str();
+}
+
+// The parameters wrapped by a live DistributedDataParallel: a second wrapper over any of them
+// would add a second set of Reducer hooks and reduce each gradient twice.
+std::mutex wrapped_mutex;
+std::unordered_set<const c10::TensorImpl*>& wrapped_parameters() {
+  static std::unordered_set<const c10::TensorImpl*> wrapped;
+  return wrapped;
+}
+
+// One bucket's all-reduce, with Python's arithmetic for each CommHook, and failures rethrown as
+// a sentence naming the bucket and the rank.
+class AmpCommHook final : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
+ public:
+  AmpCommHook(c10::intrusive_ptr<c10d::ProcessGroup> group, CommHook kind)
+      : CppCommHookInterface(std::move(group)), kind_(kind) {}
+
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    const int world = state_->getSize();
+    at::Tensor buffer = bucket.getBufferRef();
+    at::Tensor wire;
+    if (kind_ == CommHook::kAllReduce) {
+      // DDP without a hook scales each gradient by 1 / world as it enters the bucket; the same
+      // product, here on the whole bucket.
+      wire = buffer.mul_(1.0 / world);
+    } else {
+      // Divided in the transfer dtype before the sum, as Python's compression hooks do.
+      wire = buffer.to(kind_ == CommHook::kFp16Compress ? at::kHalf : at::kBFloat16).div_(world);
+    }
+    std::vector<at::Tensor> tensors{wire};
+    const std::string what = "the all-reduce of gradient bucket " +
+                             std::to_string(bucket.getIndex() + 1) + " (" +
+                             std::to_string(buffer.numel()) + " elements)";
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = state_->allreduce(tensors);
+    } catch (const c10::Error& error) {
+      TORCH_CHECK(false, failure(what, error.what_without_backtrace()));
+    }
+    c10::intrusive_ptr<c10::ivalue::Future> sent = work->getFuture();
+    c10::intrusive_ptr<c10::ivalue::Future> result = sent->createInstance(c10::TensorType::get());
+    const bool copy_back = !wire.is_same(buffer);
+    sent->addCallback([result, buffer, wire, copy_back, message = failure(what, "")](
+                          c10::ivalue::Future& done) mutable {
+      if (done.hasError()) {
+        result->setError(std::make_exception_ptr(
+            c10::Error(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                       message + done.tryRetrieveErrorMessage())));
+        return;
+      }
+      if (copy_back) buffer.copy_(wire);
+      result->markCompleted(c10::IValue(buffer));
+    });
+    return result;
+  }
+
+ private:
+  std::string failure(const std::string& what, const std::string& detail) const {
+    return std::string(kWho) + ": " + what + " failed on rank " + std::to_string(state_->getRank()) +
+           " of " + std::to_string(state_->getSize()) +
+           " (a rank died, left, or did not take part within the group's timeout): " + detail;
+  }
+
+  CommHook kind_;
+};
+
+// The outputs of a static_graph model's first forward pass through this node, whose backward
+// queues the Reducer's delayed all-reduce to run when backward completes (how DDP learns the
+// static graph in its first iteration).
+struct OnBackward : torch::CustomClassHolder {
+  explicit OnBackward(std::function<void()> run) : run(std::move(run)) {}
+  std::function<void()> run;
+};
+
+struct StaticGraphSink : torch::autograd::Function<StaticGraphSink> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                at::TensorList outputs,
+                                                c10::intrusive_ptr<OnBackward> on_backward) {
+    ctx->set_materialize_grads(false);
+    ctx->saved_data["on_backward"] = c10::IValue::make_capsule(std::move(on_backward));
+    return outputs.vec();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    c10::static_intrusive_pointer_cast<OnBackward>(ctx->saved_data.at("on_backward").toCapsule())
+        ->run();
+    grads.emplace_back();  // none for on_backward
+    return grads;
+  }
+};
+
+// The Reducer's own errors (PyTorch's sentences, which speak of Python's keyword arguments),
+// prefixed with the rank and, for the unused-parameter error, the C++ spelling of the fix.
+[[noreturn]] void rethrow_reducer_error(const c10::Error& error, const c10d::ProcessGroup& group) {
+  const std::string text = error.what_without_backtrace();
+  const bool unfinished = text.find("Expected to have finished reduction") != std::string::npos;
+  TORCH_CHECK(false, kWho, " on rank ", group.getRank(), " of ", group.getSize(), ": ", text,
+              unfinished ? "\nWith amp: DistributedDataParallelOptions().find_unused_parameters("
+                           "true), and return every output of the model from the callable passed "
+                           "to forward()."
+                         : "");
+}
+
+// c10d's Reducer, plus whether a synced forward is still waiting for its backward (the flag
+// prepare_for_backward sets and finalize_backward clears), for the no_sync() misuse check.
+class ObservedReducer final : public c10d::Reducer {
+ public:
+  using c10d::Reducer::Reducer;
+  bool backward_pending() const { return expect_autograd_hooks_; }
+};
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                                                 c10::intrusive_ptr<c10d::ProcessGroup> group,
+                                                 DistributedDataParallelOptions options)
+    : module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {
+  TORCH_CHECK(module_ != nullptr, kWho, ": module is null; pass the model to train.");
+  detail::check_group(group_, kWho);
+  for (const auto& [name, cap] : {std::pair{"bucket_cap_mb", options_.bucket_cap_mb()},
+                                  std::pair{"first_bucket_cap_mb", options_.first_bucket_cap_mb()}}) {
+    TORCH_CHECK(!cap || (*cap > 0 && *cap * kBytesPerMiB < 9.0e18), kWho, ": ", name,
+                " must be > 0 (MiB); got ", cap.value_or(0), ". DDP's defaults are 25 and 1.");
+  }
+
+  // The parameters DDP reduces: those that require gradients, module by module in preorder,
+  // each module's own in registration order, shared ones once.
+  std::unordered_map<size_t, std::string> names;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& item : module_->named_modules()) {
+    const std::string& prefix = item.key();
+    const auto& submodule = item.value();
+    const auto* embedding = dynamic_cast<const torch::nn::EmbeddingImpl*>(submodule.get());
+    for (const auto& param : submodule->named_parameters(/*recurse=*/false)) {
+      const at::Tensor& p = param.value();
+      if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+      const std::string name = prefix.empty() ? param.key() : prefix + "." + param.key();
+      TORCH_CHECK(embedding == nullptr || !embedding->options.sparse(), kWho, ": '", name,
+                  "' belongs to an Embedding with sparse=true; sparse gradients are not supported. "
+                  "Use EmbeddingOptions::sparse(false).");
+      TORCH_CHECK(p.layout() == at::kStrided, kWho, ": parameter '", name, "' has layout ",
+                  p.layout(), "; only dense (strided) parameters are supported.");
+      TORCH_CHECK(at::isFloatingType(p.scalar_type()), kWho, ": parameter '", name,
+                  "' has dtype ", p.scalar_type(),
+                  "; only floating-point parameters have gradients to average.");
+      if (!parameters_.empty()) {
+        TORCH_CHECK(p.device() == parameters_.front().device(), kWho, ": parameter '", name,
+                    "' is on ", p.device(), " but '", names.at(0), "' is on ",
+                    parameters_.front().device(),
+                    "; DistributedDataParallel reduces a module on one device per process.");
+      }
+      names.emplace(parameters_.size(), name);
+      parameters_.push_back(p);
+    }
+  }
+  const c10::DeviceType device_type =
+      parameters_.empty() ? c10::DeviceType::CPU : parameters_.front().device().type();
+  detail::check_group_serves(group_, device_type, kWho, "the module's parameters");
+  {
+    std::lock_guard<std::mutex> lock(wrapped_mutex);
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      TORCH_CHECK(!wrapped_parameters().count(parameters_[i].unsafeGetTensorImpl()), kWho,
+                  ": parameter '", names.at(i),
+                  "' is already wrapped by another DistributedDataParallel, which would reduce "
+                  "its gradient twice. Wrap a module once (destroy the first wrapper before "
+                  "making another).");
+    }
+  }
+
+  // Every rank holds the same parameters: a sentence naming what differs, on every rank.
+  if (group_->getSize() > 1) {
+    const auto rows = detail::exchange_values(
+        *group_, detail::check_device(group_, device_type, kWho), model_signature(parameters_),
+        "the DistributedDataParallel model check");
+    const auto differences = detail::describe_differences(
+        rows,
+        {"the count of parameters that require gradients", "the element count",
+         "the hash of shapes and dtypes"},
+        &format_signature);
+    if (!differences.empty()) {
+      std::ostringstream message;
+      message << kWho << ": the ranks' modules differ: ";
+      for (size_t i = 0; i < differences.size(); ++i)
+        message << (i > 0 ? "; " : "") << differences[i];
+      message << ". Every rank must wrap the same model (same parameters, shapes, dtypes and "
+                 "requires_grad flags, registered in the same order).";
+      TORCH_CHECK(false, message.str());
+    }
+    // c10d's own check, parameter by parameter (names the first index that differs).
+    c10d::verify_params_across_processes(group_, parameters_, std::nullopt);
+
+    // Rank 0's state everywhere: every parameter (also those without requires_grad) and, with
+    // broadcast_buffers, every buffer.
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> state;
+    for (const auto& p : module_->parameters()) state.push_back(p.detach());
+    if (options_.broadcast_buffers()) {
+      for (const auto& b : module_->buffers()) state.push_back(b.detach());
+    }
+    if (!state.empty()) c10d::broadcast_coalesced(group_, state, kBroadcastBucketBytes, 0);
+  }
+
+  // Buckets as Python's wrapper plans them: one bucket for the first iteration unless unused
+  // parameters are searched for (the Reducer then rebuilds them in the order gradients arrived),
+  // handed over in reverse, the order backward produces them.
+  const bool using_default_cap = !options_.bucket_cap_mb().has_value();
+  const auto bucket_bytes =
+      static_cast<int64_t>(options_.bucket_cap_mb().value_or(25.0) * kBytesPerMiB);
+  const auto first_bucket_bytes = static_cast<int64_t>(
+      options_.first_bucket_cap_mb()
+          ? *options_.first_bucket_cap_mb() * kBytesPerMiB
+          : (using_default_cap ? double{c10d::kDefaultFirstBucketBytes}
+                               : static_cast<double>(bucket_bytes)));
+  std::vector<size_t> limits;
+  if (options_.static_graph() || !options_.find_unused_parameters()) {
+    limits = {static_cast<size_t>(std::numeric_limits<int64_t>::max())};
+  } else if (first_bucket_bytes < bucket_bytes) {
+    limits = {static_cast<size_t>(first_bucket_bytes), static_cast<size_t>(bucket_bytes)};
+  } else {
+    limits = {static_cast<size_t>(bucket_bytes)};
+  }
+  const std::vector<bool> expect_sparse(parameters_.size(), false);
+  auto assignment = std::get<0>(
+      c10d::compute_bucket_assignment_by_size(parameters_, limits, expect_sparse));
+  std::reverse(assignment.begin(), assignment.end());
+  reducer_ = std::make_shared<ObservedReducer>(
+      parameters_, std::move(assignment), group_, expect_sparse, bucket_bytes,
+      options_.find_unused_parameters(), options_.gradient_as_bucket_view(), std::move(names),
+      first_bucket_bytes, /*skip_all_reduce_unused_params=*/false,
+      /*use_python_reducer=*/false, /*bucket_bytes_cap_list=*/std::vector<int64_t>{});
+  logger_ = std::make_shared<c10d::Logger>(reducer_);
+  reducer_->set_logger(logger_);
+  if (options_.static_graph()) {
+    reducer_->set_static_graph();
+    logger_->set_static_graph();
+  }
+  std::lock_guard<std::mutex> lock(wrapped_mutex);
+  for (const auto& p : parameters_) wrapped_parameters().insert(p.unsafeGetTensorImpl());
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  std::lock_guard<std::mutex> lock(wrapped_mutex);
+  for (const auto& p : parameters_) wrapped_parameters().erase(p.unsafeGetTensorImpl());
+}
+
+void DistributedDataParallel::register_comm_hook(std::unique_ptr<c10d::CommHookInterface> hook) {
+  TORCH_CHECK(hook != nullptr, kWho, ": register_comm_hook got a null hook.");
+  TORCH_CHECK(!forwarded_, kWho,
+              ": register_comm_hook must be called before the first forward; the buckets of "
+              "that forward's backward were already given to another hook.");
+  TORCH_CHECK(!hook_registered_, kWho,
+              ": a comm hook is already registered; register_comm_hook may be called once.");
+  reducer_->register_comm_hook(std::move(hook));
+  hook_registered_ = true;
+}
+
+std::vector<std::vector<size_t>> DistributedDataParallel::buckets() const {
+  std::unordered_map<const c10::TensorImpl*, size_t> index;
+  for (size_t i = 0; i < parameters_.size(); ++i) index[parameters_[i].unsafeGetTensorImpl()] = i;
+  std::vector<std::vector<size_t>> result;
+  for (const auto& bucket : reducer_->get_grad_buckets(/*return_zero_tensors=*/true)) {
+    std::vector<size_t> members;
+    for (const auto& p : bucket.getParameters()) members.push_back(index.at(p.unsafeGetTensorImpl()));
+    result.push_back(std::move(members));
+  }
+  return result;
+}
+
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp)
+    : ddp_(ddp), previous_(ddp.require_backward_grad_sync_) {
+  TORCH_CHECK(!static_cast<const ObservedReducer&>(*ddp_.reducer_).backward_pending(), kWho,
+              ": no_sync() was entered between a synced forward and its backward, which would "
+              "still all-reduce. Enter no_sync() before the forward: { auto guard = "
+              "ddp.no_sync(); ddp.forward(...); backward(); }.");
+  ddp_.require_backward_grad_sync_ = false;
+}
+
+DistributedDataParallel::NoSync::~NoSync() { ddp_.require_backward_grad_sync_ = previous_; }
+
+DistributedDataParallel::NoSync DistributedDataParallel::no_sync() { return NoSync(*this); }
+
+void DistributedDataParallel::begin_forward() {
+  if (!hook_registered_) {
+    reducer_->register_comm_hook(std::make_unique<AmpCommHook>(group_, options_.comm_hook()));
+    hook_registered_ = true;
+  }
+  forwarded_ = true;
+  const bool grad = at::GradMode::is_enabled();
+  try {
+    if (grad && require_backward_grad_sync_) reducer_->prepare_for_forward();
+    // After the first iteration: buckets in the order the gradients arrived (one broadcast).
+    if (grad) reducer_->rebuild_buckets();
+  } catch (const c10::Error& error) {
+    rethrow_reducer_error(error, *group_);
+  }
+  if (require_forward_param_sync_ && options_.broadcast_buffers() && group_->getSize() > 1) {
+    std::vector<at::Tensor> buffers;
+    for (const auto& b : module_->buffers()) buffers.push_back(b.detach());
+    if (!buffers.empty()) {
+      at::NoGradGuard no_grad;
+      c10d::broadcast_coalesced(group_, buffers, kBroadcastBucketBytes, 0);
+    }
+  }
+}
+
+std::vector<at::Tensor> DistributedDataParallel::end_forward(std::vector<at::Tensor> outputs) {
+  const bool grad = at::GradMode::is_enabled();
+  if (grad && require_backward_grad_sync_) {
+    require_forward_param_sync_ = true;
+    try {
+      // Outputs matter only when searching for unused parameters (a traversal of the graph).
+      reducer_->prepare_for_backward(options_.find_unused_parameters() && !options_.static_graph()
+                                         ? outputs
+                                         : std::vector<at::Tensor>{});
+    } catch (const c10::Error& error) {
+      rethrow_reducer_error(error, *group_);
+    }
+  } else {
+    require_forward_param_sync_ = false;
+  }
+  if (options_.static_graph() && !static_graph_first_backward_queued_ && grad) {
+    // The first iteration of a static graph: all buckets are reduced once backward is done.
+    std::vector<size_t> through;  // outputs with a graph; the others pass unchanged
+    torch::autograd::variable_list graph_outputs;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].defined() && outputs[i].requires_grad()) {
+        through.push_back(i);
+        graph_outputs.push_back(outputs[i]);
+      }
+    }
+    if (!graph_outputs.empty()) {
+      std::weak_ptr<c10d::Reducer> reducer = reducer_;
+      auto queued = c10::make_intrusive<OnBackward>([reducer] {
+        torch::autograd::Engine::get_default_engine().queue_callback([reducer] {
+          if (auto alive = reducer.lock()) alive->delay_all_reduce();
+        });
+      });
+      auto passed = StaticGraphSink::apply(at::TensorList(graph_outputs), queued);
+      for (size_t k = 0; k < through.size(); ++k) outputs[through[k]] = passed[k];
+      static_graph_first_backward_queued_ = true;
+    }
+  }
+  return outputs;
+}
+
+}  // namespace amp::distributed
