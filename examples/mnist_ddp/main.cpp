@@ -68,27 +68,45 @@ struct Settings {
   double bucket_mb = 25;
   std::int64_t timeout_s = 300;
   std::int64_t hidden = 0;
+  std::int64_t layers = 1;
 };
 
 /// The seed's MyModel, Linear(784, 10); with --hidden N an MLP, Linear(784, N), ReLU,
-/// Linear(N, 10), which has more arithmetic per byte of gradient to communicate.
+/// Linear(N, 10), which has more arithmetic per byte of gradient to communicate; --layers L
+/// stacks L hidden layers of N (Linear(N, N) and ReLU after the first), a model whose gradients
+/// fill several DDP buckets.
 struct MyModelImpl : torch::nn::Module {
-  explicit MyModelImpl(std::int64_t hidden) {
+  MyModelImpl(std::int64_t hidden, std::int64_t layers) {
     if (hidden == 0) {
       fc = register_module("fc", torch::nn::Linear(kImagePixels, kNumClasses));
-    } else {
-      fc = register_module("fc", torch::nn::Linear(kImagePixels, hidden));
-      out = register_module("out", torch::nn::Linear(hidden, kNumClasses));
+      return;
     }
+    fc = register_module("fc", torch::nn::Linear(kImagePixels, hidden));
+    for (std::int64_t k = 2; k <= layers; ++k) {
+      deeper.push_back(
+          register_module("fc" + std::to_string(k), torch::nn::Linear(hidden, hidden)));
+    }
+    out = register_module("out", torch::nn::Linear(hidden, kNumClasses));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     torch::Tensor y = fc(x.view({-1, kImagePixels}));
-    return out ? out(torch::relu(y)) : y;
+    if (!out) return y;
+    for (auto& layer : deeper) y = layer(torch::relu(y));
+    return out(torch::relu(y));
   }
   torch::nn::Linear fc{nullptr};
+  std::vector<torch::nn::Linear> deeper;
   torch::nn::Linear out{nullptr};
 };
 TORCH_MODULE(MyModel);
+
+/// "Linear(784, 10)" or "MLP 784-256-256-10".
+std::string model_name(const Settings& settings) {
+  if (settings.hidden == 0) return "Linear(784, 10)";
+  std::string name = "MLP 784-";
+  for (std::int64_t k = 0; k < settings.layers; ++k) name += fmt::format("{}-", settings.hidden);
+  return name + "10";
+}
 
 /// This rank's indices for `epoch`, as torch.utils.data.DistributedSampler(shuffle=True,
 /// drop_last=False) makes them: a permutation drawn from a generator seeded with seed + epoch,
@@ -144,7 +162,12 @@ void run(const Settings& settings) {
       amp_examples::load_image_data(settings.data_dir, amp_examples::Pixels::kUnitRange, device);
 
   torch::manual_seed(static_cast<std::uint64_t>(settings.seed));
-  MyModel model(settings.hidden);
+  if (settings.layers > 1 && settings.hidden == 0) {
+    throw amp_examples::UsageError(fmt::format(
+        "--layers {} needs hidden layers: add --hidden N (the seed's linear model has none)",
+        settings.layers));
+  }
+  MyModel model(settings.hidden, settings.layers);
   model->to(on);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(settings.lr));
   amp::GradScalerOptions scaler_options =
@@ -167,8 +190,7 @@ void run(const Settings& settings) {
         world, world > 1 ? "s" : "", parallel.group ? parallel.group->getBackendName() : "no group",
         settings.batch_size, local_batch, settings.precision.name, settings.comm.name,
         settings.epochs, settings.lr, settings.seed,
-        settings.hidden == 0 ? std::string("Linear(784, 10)")
-                             : fmt::format("MLP 784-{}-10", settings.hidden));
+        model_name(settings));
     fmt::print("data: {} training and {} test images from {} ({:.2f} s)\n", train.size(),
                test.size(), settings.data_dir.string(), seconds_since(start));
     std::fflush(stdout);
@@ -239,9 +261,10 @@ void run(const Settings& settings) {
   if (lead) {
     fmt::print(
         "done: precision {}, {} rank{}, test accuracy {:.2f}%, training {:.2f} s, total "
-        "{:.2f} s\n",
+        "{:.2f} s{}\n",
         settings.precision.name, world, world > 1 ? "s" : "", 100 * accuracy,
-        seconds_since(training_start), seconds_since(start));
+        seconds_since(training_start), seconds_since(start),
+        ddp ? fmt::format(", DDP buckets {}", ddp->buckets().size()) : std::string());
   }
 }
 
@@ -269,6 +292,8 @@ amp_examples::CommandLine make_command_line(Settings& s) {
   cli.add_integer_option("hidden", "N",
                          "hidden units of an MLP instead of the seed's linear model (0: linear)",
                          s.hidden, 0);
+  cli.add_integer_option("layers", "L", "hidden layers of --hidden units (with --hidden)",
+                         s.layers, 1);
   cli.add_integer_option("timeout-s", "SECONDS",
                          "how long to wait for a rank that is late, hung or gone", s.timeout_s, 1);
   return cli;

@@ -5,6 +5,7 @@
 #   RANKS      processes to start (--nproc-per-node)
 #   ARGS       the program's arguments, separated by "|"
 #   EPOCHS     the epoch lines rank 0 must print
+#   BUCKETS    (optional) the DDP bucket count rank 0 must report
 # Checks: both runs exit 0; every rank prints the same parameter fingerprint (bit-identical
 # parameters); rank 0 prints EPOCHS epoch lines; the final test accuracy is within 0.5 points of
 # the one-process run with the same global batch.
@@ -53,6 +54,9 @@ if(NOT _out MATCHES "mnist_ddp: ${RANKS} ranks \\(gloo\\)")
 endif()
 string(REGEX MATCH "done: precision [a-z0-9]+, ${RANKS} ranks, test accuracy ([0-9.]+)%" _ "${_out}")
 set(_parallel "${CMAKE_MATCH_1}")
+if(DEFINED BUCKETS AND NOT _out MATCHES "DDP buckets ${BUCKETS}\n")
+  message(FATAL_ERROR "rank 0 did not report ${BUCKETS} DDP buckets")
+endif()
 
 run_expecting_success(_single "the one-process run" "${PROGRAM} ${_args}" "${PROGRAM}" ${_args})
 string(REGEX MATCH "done: precision [a-z0-9]+, 1 rank, test accuracy ([0-9.]+)%" _ "${_single}")
