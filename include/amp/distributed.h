@@ -183,8 +183,8 @@ struct AMP_DISTRIBUTED_EXPORT DistributedDataParallelOptions {
   /// them. Costs a graph traversal per iteration and one all-reduce of a used-map.
   TORCH_ARG(bool, find_unused_parameters) = false;
   /// Make each parameter's .grad() a view into its bucket, saving one copy and the memory of the
-  /// gradients. zero_grad() must then zero in place (set_to_none keeps working: the next backward
-  /// re-creates the views).
+  /// gradients. Clear gradients with DistributedDataParallel::zero_grad(): LibTorch's
+  /// Optimizer::zero_grad() calls detach_() on every gradient, which a view refuses.
   TORCH_ARG(bool, gradient_as_bucket_view) = false;
   /// Broadcast the module's buffers from rank 0 before every synced forward (e.g. BatchNorm's
   /// running statistics), as DDP does.
@@ -278,6 +278,12 @@ class AMP_DISTRIBUTED_EXPORT DistributedDataParallel {
   /// <torch/csrc/distributed/c10d/comm.hpp>). Its future must hold the bucket's averaged
   /// gradients. Throws c10::Error when called after the first forward or a second time.
   void register_comm_hook(std::unique_ptr<c10d::CommHookInterface> hook);
+
+  /// Clears the gradients of parameters(), as Python's Module.zero_grad: set_to_none resets them
+  /// (the next backward makes them again, as bucket views with gradient_as_bucket_view); otherwise
+  /// they are zeroed in place. Works with gradient_as_bucket_view, unlike LibTorch's
+  /// Optimizer::zero_grad().
+  void zero_grad(bool set_to_none = true);
 
   /// The wrapped module.
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }

@@ -314,6 +314,23 @@ void DistributedDataParallel::register_comm_hook(std::unique_ptr<c10d::CommHookI
   hook_registered_ = true;
 }
 
+void DistributedDataParallel::zero_grad(bool set_to_none) {
+  for (auto& p : parameters_) {
+    at::Tensor& grad = p.mutable_grad();
+    if (!grad.defined()) continue;
+    if (set_to_none) {
+      grad.reset();
+    } else {
+      if (grad.grad_fn()) {
+        grad = grad.detach();
+      } else {
+        grad.requires_grad_(false);
+      }
+      grad.zero_();
+    }
+  }
+}
+
 std::vector<std::vector<size_t>> DistributedDataParallel::buckets() const {
   std::unordered_map<const c10::TensorImpl*, size_t> index;
   for (size_t i = 0; i < parameters_.size(); ++i) index[parameters_[i].unsafeGetTensorImpl()] = i;

@@ -519,6 +519,27 @@ TEST_CASE("DistributedDataParallel::forward passes tensors, vectors and tuples t
   CHECK(torch::equal(module->w.grad(), torch::full({2}, 5.0f)));
 }
 
+TEST_CASE("gradient_as_bucket_view makes gradients views that DDP's zero_grad clears",
+          "[distributed][ddp]") {
+  amp_test::TempDir dir("distributed_bucket_view");
+  auto group = single_rank_group(dir);
+  auto module = std::make_shared<Weights>(at::ones({3}));
+  dist::DistributedDataParallel ddp(
+      module, group, dist::DistributedDataParallelOptions().gradient_as_bucket_view(true));
+  torch::optim::SGD optimizer({module->w}, 0.5);
+  for (int iteration = 0; iteration < 2; ++iteration) {  // the second on rebuilt buckets
+    ddp.zero_grad();
+    CHECK_FALSE(module->w.grad().defined());
+    ddp.forward([&] { return (module->w * 2).sum(); }).backward();
+    CHECK(module->w.grad().is_view());  // into the bucket, not a copy
+    CHECK(torch::equal(module->w.grad(), torch::full({3}, 2.0f)));
+  }
+  ddp.zero_grad(/*set_to_none=*/false);
+  CHECK(torch::equal(module->w.grad(), torch::zeros({3})));
+  // LibTorch's own zero_grad detach_()es first, which a view refuses: hence ddp.zero_grad().
+  CHECK_THROWS_WITH(optimizer.zero_grad(), Catch::Contains("Can't detach views in-place"));
+}
+
 TEST_CASE("A one-rank NCCL group syncs a CUDA scaler and averages CUDA gradients",
           "[distributed][cuda]") {
   REQUIRE(dist::built_with_nccl());

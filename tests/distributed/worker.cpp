@@ -19,6 +19,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/functional.h>
 #include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/optim/sgd.h>
@@ -351,18 +352,22 @@ struct ParityConfig {
 // fc1 -> relu -> fc2, plus a side head added on even steps only when the scenario has unused
 // parameters: the model of ddp_parity.py, registered in the same order.
 struct ParityNet : torch::nn::Module {
-  ParityNet(int64_t in, int64_t hidden, int64_t out)
+  ParityNet(int64_t in, int64_t hidden, int64_t out, bool batch_norm = false)
       : fc1(register_module("fc1", torch::nn::Linear(in, hidden))),
         fc2(register_module("fc2", torch::nn::Linear(hidden, out))),
-        side(register_module("side", torch::nn::Linear(hidden, out))) {}
+        side(register_module("side", torch::nn::Linear(hidden, out))) {
+    if (batch_norm) bn = register_module("bn", torch::nn::BatchNorm1d(hidden));
+  }
   // at::linear, as Python's F.linear: the C++ frontend's Linear::forward calls addmm(bias, x,
   // weight.t()) for 2-d inputs, whose autocast casts (bias first) order backward differently.
   at::Tensor forward(const at::Tensor& x, bool use_side) {
-    const at::Tensor h = at::relu(at::linear(x, fc1->weight, fc1->bias));
+    at::Tensor h = at::linear(x, fc1->weight, fc1->bias);
+    h = at::relu(bn ? bn->forward(h) : h);
     at::Tensor y = at::linear(h, fc2->weight, fc2->bias);
     return use_side ? y + at::linear(h, side->weight, side->bias) : y;
   }
   torch::nn::Linear fc1, fc2, side;
+  torch::nn::BatchNorm1d bn{nullptr};
 };
 
 // The twin of ddp_parity.py's PyTorch ranks: the same model (rank r starts from its own weights;
@@ -374,7 +379,7 @@ void ddp_parity(const dist::TorchrunEnv& env, const std::string& dir, const Pari
                 hidden = config.integer("hidden"), out = config.integer("out");
   const bool unused = config.at("unused") == "1", fp16_autocast = config.at("autocast") == "fp16";
   auto group = dist::init_gloo_from_torchrun(group_options());
-  auto model = std::make_shared<ParityNet>(in, hidden, out);
+  auto model = std::make_shared<ParityNet>(in, hidden, out, config.at("batch_norm") == "1");
   {
     const std::string mine = dir + "/rank" + std::to_string(env.rank) + "_";
     at::NoGradGuard no_grad;
@@ -389,7 +394,8 @@ void ddp_parity(const dist::TorchrunEnv& env, const std::string& dir, const Pari
   dist::DistributedDataParallelOptions options;
   options.find_unused_parameters(unused).comm_hook(comm_hook(config.at("hook")));
   if (config.at("bucket_cap_mb") != "default") options.bucket_cap_mb(config.real("bucket_cap_mb"));
-  options.static_graph(config.at("static_graph") == "1");
+  options.static_graph(config.at("static_graph") == "1")
+      .gradient_as_bucket_view(config.at("bucket_view") == "1");
   dist::DistributedDataParallel ddp(model, group, options);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   amp::GradScalerOptions scaler_options = amp::GradScalerOptions()
@@ -399,7 +405,7 @@ void ddp_parity(const dist::TorchrunEnv& env, const std::string& dir, const Pari
   amp::GradScaler scaler(c10::DeviceType::CPU, scaler_options);
   const bool flip = std::getenv("AMP_TEST_FLIP_BIT") != nullptr;
   for (int64_t step = 0; step < steps; ++step) {
-    optimizer.zero_grad();
+    ddp.zero_grad();  // Python's set_to_none; LibTorch's would detach_() bucket views
     for (int64_t micro = 0; micro < accumulate; ++micro) {
       const auto run = [&] {
         at::Tensor loss = ddp.forward([&] {
@@ -430,6 +436,11 @@ void ddp_parity(const dist::TorchrunEnv& env, const std::string& dir, const Pari
     std::vector<at::Tensor> flat;
     for (const auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}));
     print(key + ".params", hex(at::cat(flat)));
+    if (model->bn) {
+      std::vector<at::Tensor> buffers;
+      for (const auto& b : model->buffers()) buffers.push_back(b.detach().reshape({-1}));
+      print(key + ".buffers", hex(at::cat(buffers)));
+    }
   }
   print("side.weight.grad", model->side->weight.grad().defined() ? "defined" : "undefined");
   print("buckets", std::to_string(ddp.buckets().size()));

@@ -24,7 +24,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 STEPS, BATCH, IN, HIDDEN, OUT = 6, 16, 32, 64, 10
 BASE = dict(hook="none", autocast="none", accumulate="1", unused="0", bucket_cap_mb="default",
-            init_scale=str(2.0 ** 16), static_graph="0", inf_at="none")
+            init_scale=str(2.0 ** 16), static_graph="0", inf_at="none", bucket_view="0",
+            batch_norm="0")
 SCENARIOS = {
     "plain": dict(init_scale="1024"),
     "fp16_autocast": dict(autocast="fp16"),
@@ -43,18 +44,25 @@ SCENARIOS = {
     # Scale 2^24 with float16 transfer: the all-reduced gradients overflow on every rank.
     "fp16_overflow": dict(hook="fp16", init_scale=str(2.0 ** 24)),
     "static_graph": dict(static_graph="1", autocast="fp16"),
+    # Gradients as views into the buckets, several buckets.
+    "bucket_view": dict(bucket_view="1", bucket_cap_mb="0.004", autocast="fp16"),
+    # A BatchNorm1d after fc1: its running statistics are broadcast from rank 0 before every
+    # forward (broadcast_buffers), then updated by each rank's own batch; compared every step.
+    "buffers": dict(batch_norm="1"),
 }
 
 
 class Net(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, batch_norm=False):
         super().__init__()
         self.fc1 = torch.nn.Linear(IN, HIDDEN)
         self.fc2 = torch.nn.Linear(HIDDEN, OUT)
         self.side = torch.nn.Linear(HIDDEN, OUT)
+        self.bn = torch.nn.BatchNorm1d(HIDDEN) if batch_norm else None
 
     def forward(self, x, use_side):
-        h = torch.relu(self.fc1(x))
+        h = self.fc1(x)
+        h = torch.relu(self.bn(h) if self.bn is not None else h)
         y = self.fc2(h)
         return y + self.side(h) if use_side else y
 
@@ -79,12 +87,13 @@ def ddp_rank(rank, world, port, workdir, config, results):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     acc, unused = int(config["accumulate"]), config["unused"] == "1"
-    model = Net()
+    model = Net(config["batch_norm"] == "1")
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(load(f"{workdir}/rank{rank}_{name}.bin", p))
     ddp = torch.nn.parallel.DistributedDataParallel(
         model, find_unused_parameters=unused, static_graph=config["static_graph"] == "1",
+        gradient_as_bucket_view=config["bucket_view"] == "1",
         bucket_cap_mb=None if config["bucket_cap_mb"] == "default" else float(config["bucket_cap_mb"]))
     if config["hook"] == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -116,6 +125,9 @@ def ddp_rank(rank, world, port, workdir, config, results):
         lines.append((f"step{step}.scale", hexes(scaler._scale)))
         lines.append((f"step{step}.params",
                       hexes(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))))
+        if model.bn is not None:
+            lines.append((f"step{step}.buffers",
+                          hexes(torch.cat([b.detach().float().reshape(-1) for b in model.buffers()]))))
     lines.append(("side.weight.grad", "undefined" if model.side.weight.grad is None else "defined"))
     results[rank] = dict(lines)
     dist.destroy_process_group()
@@ -159,7 +171,7 @@ def amp_ranks(worker, world, workdir, config, flip):
 def write_inputs(workdir, world, config):
     acc = int(config["accumulate"])
     gen = torch.Generator().manual_seed(20261204)
-    base = Net()
+    base = Net(config["batch_norm"] == "1")
     for name, p in base.named_parameters():
         init = torch.randn(p.shape, generator=gen) * 0.2
         for rank in range(world):
@@ -198,8 +210,14 @@ def compare(world, config, flip, worker, workdir):
     print(f"{world} ranks x {STEPS} steps: scales {scales}, side head grad "
           f"{reference[0]['side.weight.grad']}, amp buckets {amp_results[0].get('buckets')}; "
           f"{failures} mismatches")
-    if any(r != reference[0] for r in reference[1:]):
+    # Parameters and scales agree across ranks; buffers need not (each rank's batch updates the
+    # running statistics after rank 0's were broadcast).
+    shared = [k for k in reference[0] if not k.endswith(".buffers")]
+    if any(r[k] != reference[0][k] for r in reference[1:] for k in shared):
         print("  the DDP ranks themselves differ")
+        failures += 1
+    if config["batch_norm"] == "1" and reference[0]["step5.buffers"] == reference[1]["step5.buffers"]:
+        print("  the ranks' running statistics are equal: the scenario does not test the broadcast")
         failures += 1
     return failures, amp_results
 
