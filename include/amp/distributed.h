@@ -4,6 +4,7 @@
 // buckets during backward, with float16/bfloat16 transfer hooks).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -46,6 +48,13 @@ inline constexpr bool kIsForwardOutput<std::tuple<T...>> = (kIsForwardOutput<T> 
 template <typename A, typename B>
 inline constexpr bool kIsForwardOutput<std::pair<A, B>> =
     kIsForwardOutput<A> && kIsForwardOutput<B>;
+
+inline void collect_tensors(at::Tensor& output, std::vector<at::Tensor*>& slots);
+inline void collect_tensors(std::vector<at::Tensor>& output, std::vector<at::Tensor*>& slots);
+template <typename... T>
+void collect_tensors(std::tuple<T...>& output, std::vector<at::Tensor*>& slots);
+template <typename A, typename B>
+void collect_tensors(std::pair<A, B>& output, std::vector<at::Tensor*>& slots);
 
 inline void collect_tensors(at::Tensor& output, std::vector<at::Tensor*>& slots) {
   slots.push_back(&output);
@@ -276,7 +285,8 @@ class AMP_DISTRIBUTED_EXPORT DistributedDataParallel {
 
   /// Replaces the options' comm_hook by `hook` (a c10d::CppCommHookInterface of yours; include
   /// <torch/csrc/distributed/c10d/comm.hpp>). Its future must hold the bucket's averaged
-  /// gradients. Throws c10::Error when called after the first forward or a second time.
+  /// gradients. Throws c10::Error when called after the first forward that prepared a backward
+  /// (grad mode on, outside no_sync) or a second time.
   void register_comm_hook(std::unique_ptr<c10d::CommHookInterface> hook);
 
   /// Clears the gradients of parameters(), as Python's Module.zero_grad: set_to_none resets them
@@ -290,8 +300,8 @@ class AMP_DISTRIBUTED_EXPORT DistributedDataParallel {
   /// The parameters whose gradients are reduced, in the Reducer's order.
   const std::vector<at::Tensor>& parameters() const { return parameters_; }
   /// The indices into parameters() of each bucket, in the order the buckets are reduced. One
-  /// bucket before the first iteration (as in DDP, unless find_unused_parameters); rebuilt from
-  /// the order gradients arrived in during the first backward.
+  /// bucket per dtype before the first iteration (as in DDP, unless find_unused_parameters);
+  /// rebuilt from the order gradients arrived in during the first backward.
   std::vector<std::vector<size_t>> buckets() const;
   /// The options in use.
   const DistributedDataParallelOptions& options() const { return options_; }
@@ -299,6 +309,9 @@ class AMP_DISTRIBUTED_EXPORT DistributedDataParallel {
   const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return group_; }
 
  private:
+  // Construction after the parameters are claimed (released again if this throws).
+  void initialize(std::unordered_map<size_t, std::string> names);
+  void release_parameters() noexcept;
   void begin_forward();
   std::vector<at::Tensor> end_forward(std::vector<at::Tensor> outputs);
 
@@ -312,7 +325,10 @@ class AMP_DISTRIBUTED_EXPORT DistributedDataParallel {
   bool forwarded_ = false;
   bool require_backward_grad_sync_ = true;
   bool require_forward_param_sync_ = true;
-  bool static_graph_first_backward_queued_ = false;
+  // Set by the first static_graph backward (when its delayed all-reduce is queued), as Python's
+  // _static_graph_delay_allreduce_enqueued.
+  std::shared_ptr<std::atomic<bool>> static_graph_delay_queued_ =
+      std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace amp::distributed

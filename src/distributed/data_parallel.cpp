@@ -2,6 +2,7 @@
 // the construction-time checks and broadcast, the per-forward protocol, and amp's comm hooks.
 #include <amp/distributed.h>
 
+#include <algorithm>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -13,6 +14,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
@@ -95,44 +97,57 @@ class AmpCommHook final : public c10d::CppCommHookInterface<c10::intrusive_ptr<c
     try {
       work = state_->allreduce(tensors);
     } catch (const c10::Error& error) {
-      TORCH_CHECK(false, failure(what, error.what_without_backtrace()));
+      TORCH_CHECK(false, failure(what, "could not start", "", error.what_without_backtrace()));
     }
     c10::intrusive_ptr<c10::ivalue::Future> sent = work->getFuture();
+    // A child of the collective's future (the same devices, so CUDA streams are followed),
+    // completed here so that a failure carries the sentence.
     c10::intrusive_ptr<c10::ivalue::Future> result = sent->createInstance(c10::TensorType::get());
     const bool copy_back = !wire.is_same(buffer);
-    sent->addCallback([result, buffer, wire, copy_back, message = failure(what, "")](
-                          c10::ivalue::Future& done) mutable {
-      if (done.hasError()) {
-        result->setError(std::make_exception_ptr(
-            c10::Error(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                       message + done.tryRetrieveErrorMessage())));
-        return;
+    const std::string failed = failure(
+        what, "failed", " (a rank died, left, or did not take part within the group's timeout)",
+        "");
+    sent->addCallback([result, buffer, wire, copy_back, failed](c10::ivalue::Future& done) mutable {
+      // Runs on the backend's thread: nothing may escape, or backward would wait forever.
+      try {
+        if (done.hasError()) {
+          result->setError(std::make_exception_ptr(
+              c10::Error(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                         failed + done.tryRetrieveErrorMessage())));
+          return;
+        }
+        if (copy_back) buffer.copy_(wire);
+        result->markCompleted(c10::IValue(buffer));
+      } catch (...) {
+        if (!result->completed()) result->setError(std::current_exception());
       }
-      if (copy_back) buffer.copy_(wire);
-      result->markCompleted(c10::IValue(buffer));
     });
     return result;
   }
 
  private:
-  std::string failure(const std::string& what, const std::string& detail) const {
-    return std::string(kWho) + ": " + what + " failed on rank " + std::to_string(state_->getRank()) +
-           " of " + std::to_string(state_->getSize()) +
-           " (a rank died, left, or did not take part within the group's timeout): " + detail;
+  // "<who>: <what> <verb> on rank r of w<why>: <detail>"
+  std::string failure(const std::string& what, const std::string& verb, const std::string& why,
+                      const std::string& detail) const {
+    return std::string(kWho) + ": " + what + " " + verb + " on rank " +
+           std::to_string(state_->getRank()) + " of " + std::to_string(state_->getSize()) + why +
+           ": " + detail;
   }
 
   CommHook kind_;
 };
 
-// The outputs of a static_graph model's first forward pass through this node, whose backward
-// queues the Reducer's delayed all-reduce to run when backward completes (how DDP learns the
-// static graph in its first iteration).
+// Python's _DDPSink: the outputs pass through this node. With find_unused_parameters, an output
+// the loss does not use still gets an (undefined) gradient through it, so the parameters behind
+// it, which the graph search counted as used, report to the Reducer instead of being waited for.
+// In a static_graph model's first iteration its backward queues the Reducer's delayed all-reduce
+// to run when backward completes (how DDP learns the static graph).
 struct OnBackward : torch::CustomClassHolder {
   explicit OnBackward(std::function<void()> run) : run(std::move(run)) {}
-  std::function<void()> run;
+  std::function<void()> run;  // may be empty
 };
 
-struct StaticGraphSink : torch::autograd::Function<StaticGraphSink> {
+struct DdpSink : torch::autograd::Function<DdpSink> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 at::TensorList outputs,
                                                 c10::intrusive_ptr<OnBackward> on_backward) {
@@ -142,18 +157,22 @@ struct StaticGraphSink : torch::autograd::Function<StaticGraphSink> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    c10::static_intrusive_pointer_cast<OnBackward>(ctx->saved_data.at("on_backward").toCapsule())
-        ->run();
+    const auto on_backward = c10::static_intrusive_pointer_cast<OnBackward>(
+        ctx->saved_data.at("on_backward").toCapsule());
+    if (on_backward->run) on_backward->run();
     grads.emplace_back();  // none for on_backward
     return grads;
   }
 };
 
 // The Reducer's own errors (PyTorch's sentences, which speak of Python's keyword arguments),
-// prefixed with the rank and, for the unused-parameter error, the C++ spelling of the fix.
-[[noreturn]] void rethrow_reducer_error(const c10::Error& error, const c10d::ProcessGroup& group) {
+// prefixed with the rank and, for the unused-parameter error without find_unused_parameters, the
+// C++ spelling of the fix.
+[[noreturn]] void rethrow_reducer_error(const c10::Error& error, const c10d::ProcessGroup& group,
+                                        bool finding_unused) {
   const std::string text = error.what_without_backtrace();
-  const bool unfinished = text.find("Expected to have finished reduction") != std::string::npos;
+  const bool unfinished = !finding_unused &&
+                          text.find("Expected to have finished reduction") != std::string::npos;
   TORCH_CHECK(false, kWho, " on rank ", group.getRank(), " of ", group.getSize(), ": ", text,
               unfinished ? "\nWith amp: DistributedDataParallelOptions().find_unused_parameters("
                            "true), and return every output of the model from the callable passed "
@@ -180,7 +199,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   for (const auto& [name, cap] : {std::pair{"bucket_cap_mb", options_.bucket_cap_mb()},
                                   std::pair{"first_bucket_cap_mb", options_.first_bucket_cap_mb()}}) {
     TORCH_CHECK(!cap || (*cap > 0 && *cap * kBytesPerMiB < 9.0e18), kWho, ": ", name,
-                " must be > 0 (MiB); got ", cap.value_or(0), ". DDP's defaults are 25 and 1.");
+                " must be > 0 (MiB) and below 8e12; got ", cap.value_or(0),
+                ". DDP's defaults are 25 and 1.");
   }
 
   // The parameters DDP reduces: those that require gradients, module by module in preorder,
@@ -191,13 +211,16 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     const std::string& prefix = item.key();
     const auto& submodule = item.value();
     const auto* embedding = dynamic_cast<const torch::nn::EmbeddingImpl*>(submodule.get());
+    const auto* embedding_bag = dynamic_cast<const torch::nn::EmbeddingBagImpl*>(submodule.get());
     for (const auto& param : submodule->named_parameters(/*recurse=*/false)) {
       const at::Tensor& p = param.value();
       if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
       const std::string name = prefix.empty() ? param.key() : prefix + "." + param.key();
-      TORCH_CHECK(embedding == nullptr || !embedding->options.sparse(), kWho, ": '", name,
-                  "' belongs to an Embedding with sparse=true; sparse gradients are not supported. "
-                  "Use EmbeddingOptions::sparse(false).");
+      TORCH_CHECK((embedding == nullptr || !embedding->options.sparse()) &&
+                      (embedding_bag == nullptr || !embedding_bag->options.sparse()),
+                  kWho, ": '", name,
+                  "' belongs to an Embedding or EmbeddingBag with sparse=true; sparse gradients "
+                  "are not supported. Use sparse(false) in its options.");
       TORCH_CHECK(p.layout() == at::kStrided, kWho, ": parameter '", name, "' has layout ",
                   p.layout(), "; only dense (strided) parameters are supported.");
       TORCH_CHECK(at::isFloatingType(p.scalar_type()), kWho, ": parameter '", name,
@@ -213,10 +236,13 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
       parameters_.push_back(p);
     }
   }
-  const c10::DeviceType device_type =
-      parameters_.empty() ? c10::DeviceType::CPU : parameters_.front().device().type();
+  TORCH_CHECK(!parameters_.empty(), kWho,
+              ": the module has no parameters that require gradients, so there is nothing to "
+              "reduce. Wrap the module you train (with requires_grad parameters).");
+  const c10::DeviceType device_type = parameters_.front().device().type();
   detail::check_group_serves(group_, device_type, kWho, "the module's parameters");
   {
+    // Checked and claimed under one lock; released again if the rest of construction throws.
     std::lock_guard<std::mutex> lock(wrapped_mutex);
     for (size_t i = 0; i < parameters_.size(); ++i) {
       TORCH_CHECK(!wrapped_parameters().count(parameters_[i].unsafeGetTensorImpl()), kWho,
@@ -225,7 +251,18 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
                   "its gradient twice. Wrap a module once (destroy the first wrapper before "
                   "making another).");
     }
+    for (const auto& p : parameters_) wrapped_parameters().insert(p.unsafeGetTensorImpl());
   }
+  try {
+    initialize(std::move(names));
+  } catch (...) {
+    release_parameters();
+    throw;
+  }
+}
+
+void DistributedDataParallel::initialize(std::unordered_map<size_t, std::string> names) {
+  const c10::DeviceType device_type = parameters_.front().device().type();
 
   // Every rank holds the same parameters: a sentence naming what differs, on every rank.
   if (group_->getSize() > 1) {
@@ -294,20 +331,20 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     reducer_->set_static_graph();
     logger_->set_static_graph();
   }
-  std::lock_guard<std::mutex> lock(wrapped_mutex);
-  for (const auto& p : parameters_) wrapped_parameters().insert(p.unsafeGetTensorImpl());
 }
 
-DistributedDataParallel::~DistributedDataParallel() {
+void DistributedDataParallel::release_parameters() noexcept {
   std::lock_guard<std::mutex> lock(wrapped_mutex);
   for (const auto& p : parameters_) wrapped_parameters().erase(p.unsafeGetTensorImpl());
 }
 
+DistributedDataParallel::~DistributedDataParallel() { release_parameters(); }
+
 void DistributedDataParallel::register_comm_hook(std::unique_ptr<c10d::CommHookInterface> hook) {
   TORCH_CHECK(hook != nullptr, kWho, ": register_comm_hook got a null hook.");
   TORCH_CHECK(!forwarded_, kWho,
-              ": register_comm_hook must be called before the first forward; the buckets of "
-              "that forward's backward were already given to another hook.");
+              ": register_comm_hook must be called before the first forward that prepared a "
+              "backward; that backward's buckets were already given to the options' hook.");
   TORCH_CHECK(!hook_registered_, kWho,
               ": a comm hook is already registered; register_comm_hook may be called once.");
   reducer_->register_comm_hook(std::move(hook));
@@ -335,7 +372,7 @@ std::vector<std::vector<size_t>> DistributedDataParallel::buckets() const {
   std::unordered_map<const c10::TensorImpl*, size_t> index;
   for (size_t i = 0; i < parameters_.size(); ++i) index[parameters_[i].unsafeGetTensorImpl()] = i;
   std::vector<std::vector<size_t>> result;
-  for (const auto& bucket : reducer_->get_grad_buckets(/*return_zero_tensors=*/true)) {
+  for (const auto& bucket : reducer_->get_grad_buckets(/*return_zero_tensors=*/false)) {
     std::vector<size_t> members;
     for (const auto& p : bucket.getParameters()) members.push_back(index.at(p.unsafeGetTensorImpl()));
     result.push_back(std::move(members));
@@ -357,25 +394,39 @@ DistributedDataParallel::NoSync::~NoSync() { ddp_.require_backward_grad_sync_ = 
 DistributedDataParallel::NoSync DistributedDataParallel::no_sync() { return NoSync(*this); }
 
 void DistributedDataParallel::begin_forward() {
-  if (!hook_registered_) {
-    reducer_->register_comm_hook(std::make_unique<AmpCommHook>(group_, options_.comm_hook()));
-    hook_registered_ = true;
-  }
-  forwarded_ = true;
   const bool grad = at::GradMode::is_enabled();
+  if (grad && require_backward_grad_sync_) {
+    // The options' hook, unless the user registered one: at the first forward that prepares a
+    // backward, so an evaluation forward first still allows register_comm_hook.
+    if (!hook_registered_) {
+      reducer_->register_comm_hook(std::make_unique<AmpCommHook>(group_, options_.comm_hook()));
+      hook_registered_ = true;
+    }
+    forwarded_ = true;
+  }
   try {
     if (grad && require_backward_grad_sync_) reducer_->prepare_for_forward();
     // After the first iteration: buckets in the order the gradients arrived (one broadcast).
     if (grad) reducer_->rebuild_buckets();
   } catch (const c10::Error& error) {
-    rethrow_reducer_error(error, *group_);
+    rethrow_reducer_error(error, *group_, options_.find_unused_parameters());
   }
   if (require_forward_param_sync_ && options_.broadcast_buffers() && group_->getSize() > 1) {
     std::vector<at::Tensor> buffers;
-    for (const auto& b : module_->buffers()) buffers.push_back(b.detach());
+    std::vector<uint32_t> versions;
+    for (const auto& b : module_->buffers()) {
+      buffers.push_back(b.detach());
+      versions.push_back(b._version());
+    }
     if (!buffers.empty()) {
       at::NoGradGuard no_grad;
       c10d::broadcast_coalesced(group_, buffers, kBroadcastBucketBytes, 0);
+      // As Python's _unsafe_preserve_version_counter: a buffer an earlier graph saved (say, in
+      // eval mode) must not look modified in place to that graph's backward.
+      for (size_t i = 0; i < buffers.size(); ++i) {
+        c10::VariableVersion counter = torch::autograd::impl::version_counter(buffers[i]);
+        counter.set_version(versions[i]);  // a copy shares the tensor's counter
+      }
     }
   }
 }
@@ -385,18 +436,24 @@ std::vector<at::Tensor> DistributedDataParallel::end_forward(std::vector<at::Ten
   if (grad && require_backward_grad_sync_) {
     require_forward_param_sync_ = true;
     try {
-      // Outputs matter only when searching for unused parameters (a traversal of the graph).
-      reducer_->prepare_for_backward(options_.find_unused_parameters() && !options_.static_graph()
-                                         ? outputs
-                                         : std::vector<at::Tensor>{});
+      // Outputs matter only when searching for unused parameters (a traversal of the graph);
+      // undefined ones (an optional output left empty) are left out, as Python skips None.
+      std::vector<at::Tensor> searched;
+      if (options_.find_unused_parameters() && !options_.static_graph()) {
+        for (const auto& output : outputs) {
+          if (output.defined()) searched.push_back(output);
+        }
+      }
+      reducer_->prepare_for_backward(searched);
     } catch (const c10::Error& error) {
-      rethrow_reducer_error(error, *group_);
+      rethrow_reducer_error(error, *group_, options_.find_unused_parameters());
     }
   } else {
     require_forward_param_sync_ = false;
   }
-  if (options_.static_graph() && !static_graph_first_backward_queued_ && grad) {
-    // The first iteration of a static graph: all buckets are reduced once backward is done.
+  const bool static_first = options_.static_graph() && !*static_graph_delay_queued_;
+  const bool finding_unused = options_.find_unused_parameters() && !options_.static_graph();
+  if (grad && (static_first || finding_unused)) {
     std::vector<size_t> through;  // outputs with a graph; the others pass unchanged
     torch::autograd::variable_list graph_outputs;
     for (size_t i = 0; i < outputs.size(); ++i) {
@@ -406,15 +463,20 @@ std::vector<at::Tensor> DistributedDataParallel::end_forward(std::vector<at::Ten
       }
     }
     if (!graph_outputs.empty()) {
-      std::weak_ptr<c10d::Reducer> reducer = reducer_;
-      auto queued = c10::make_intrusive<OnBackward>([reducer] {
-        torch::autograd::Engine::get_default_engine().queue_callback([reducer] {
-          if (auto alive = reducer.lock()) alive->delay_all_reduce();
-        });
-      });
-      auto passed = StaticGraphSink::apply(at::TensorList(graph_outputs), queued);
+      std::function<void()> on_backward;
+      if (static_first) {
+        // The first backward of a static graph reduces every bucket once it has finished.
+        on_backward = [reducer = std::weak_ptr<c10d::Reducer>(reducer_),
+                       queued = static_graph_delay_queued_] {
+          if (queued->exchange(true)) return;
+          torch::autograd::Engine::get_default_engine().queue_callback([reducer] {
+            if (auto alive = reducer.lock()) alive->delay_all_reduce();
+          });
+        };
+      }
+      auto passed = DdpSink::apply(at::TensorList(graph_outputs),
+                                   c10::make_intrusive<OnBackward>(std::move(on_backward)));
       for (size_t k = 0; k < through.size(); ++k) outputs[through[k]] = passed[k];
-      static_graph_first_backward_queued_ = true;
     }
   }
   return outputs;

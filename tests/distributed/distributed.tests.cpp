@@ -519,6 +519,29 @@ TEST_CASE("DistributedDataParallel::forward passes tensors, vectors and tuples t
   CHECK(torch::equal(module->w.grad(), torch::full({2}, 5.0f)));
 }
 
+TEST_CASE("With find_unused_parameters, an output the loss leaves out does not stall the reduction",
+          "[distributed][ddp]") {
+  amp_test::TempDir dir("distributed_unused_output");
+  auto group = single_rank_group(dir);
+  auto module = std::make_shared<torch::nn::Module>();
+  at::Tensor a = module->register_parameter("a", at::ones({2}));
+  at::Tensor b = module->register_parameter("b", at::ones({2}));
+  dist::DistributedDataParallel ddp(
+      module, group, dist::DistributedDataParallelOptions().find_unused_parameters(true));
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    ddp.zero_grad();
+    // `b` is reached from the second output, so the graph search counts it as used; the loss
+    // uses only the first. The outputs pass through DDP's sink, and `b` reports to the Reducer
+    // with no gradient instead of being waited for (the next forward would throw otherwise).
+    const auto outputs = ddp.forward([&] {
+      return std::vector<at::Tensor>{a * 2, b * 3, at::Tensor()};  // an empty optional output too
+    });
+    outputs[0].sum().backward();
+    CHECK(torch::equal(a.grad(), torch::full({2}, 2.0f)));
+    CHECK_FALSE(b.grad().defined());
+  }
+}
+
 TEST_CASE("gradient_as_bucket_view makes gradients views that DDP's zero_grad clears",
           "[distributed][ddp]") {
   amp_test::TempDir dir("distributed_bucket_view");
@@ -601,17 +624,19 @@ TEST_CASE("Bad distributed arguments are refused with sentences", "[distributed]
   CHECK_THROWS_WITH(
       dist::DistributedDataParallel(linear, group,
                                     dist::DistributedDataParallelOptions().bucket_cap_mb(0)),
-      Catch::Contains("bucket_cap_mb must be > 0 (MiB); got 0"));
+      Catch::Contains("bucket_cap_mb must be > 0 (MiB) and below 8e12; got 0"));
   CHECK_THROWS_WITH(dist::DistributedDataParallel(
                         linear, group, dist::DistributedDataParallelOptions().first_bucket_cap_mb(-1)),
-                    Catch::Contains("first_bucket_cap_mb must be > 0 (MiB); got -1"));
+                    Catch::Contains("first_bucket_cap_mb must be > 0 (MiB) and below 8e12; got -1"));
+  CHECK_THROWS_WITH(dist::DistributedDataParallel(std::make_shared<torch::nn::Module>(), group),
+                    Catch::Contains("the module has no parameters that require gradients"));
   CHECK_THROWS_WITH(dist::DistributedDataParallel(std::shared_ptr<torch::nn::Module>(), group),
                     Catch::Contains("module is null"));
   CHECK_THROWS_WITH(dist::DistributedDataParallel(linear, nullptr),
                     Catch::Contains("the process group is null"));
   torch::nn::Embedding sparse(torch::nn::EmbeddingOptions(4, 2).sparse(true));
   CHECK_THROWS_WITH(dist::DistributedDataParallel(sparse, group),
-                    Catch::Contains("'weight' belongs to an Embedding with sparse=true"));
+                    Catch::Contains("'weight' belongs to an Embedding or EmbeddingBag with sparse=true"));
   {
     dist::DistributedDataParallel ddp(linear, group);
     ddp.forward([&] { return linear->forward(at::ones({1, 3})); });
