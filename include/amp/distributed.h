@@ -217,7 +217,7 @@ struct AMP_DISTRIBUTED_EXPORT DistributedDataParallelOptions {
 ///
 /// C++ modules have forward() signatures of their own, so the forward is passed as a callable
 /// that runs the module and returns its output: an at::Tensor, a std::vector<at::Tensor>, or a
-/// std::tuple/std::pair of tensors.
+/// `std::tuple` or `std::pair` of tensors.
 ///
 ///     dist::DistributedDataParallel ddp(model, group);
 ///     at::Tensor loss = loss_fn(ddp.forward([&] { return model->forward(x); }), y);
@@ -235,6 +235,7 @@ class AMP_DISTRIBUTED_EXPORT DistributedDataParallel {
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
                           c10::intrusive_ptr<c10d::ProcessGroup> group,
                           DistributedDataParallelOptions options = {});
+  /// The same for a module holder (torch::nn::Linear, a TORCH_MODULE type, ...).
   template <typename ModuleType>
   DistributedDataParallel(const torch::nn::ModuleHolder<ModuleType>& module,
                           c10::intrusive_ptr<c10d::ProcessGroup> group,
@@ -281,6 +282,9 @@ class AMP_DISTRIBUTED_EXPORT DistributedDataParallel {
     DistributedDataParallel& ddp_;
     bool previous_;
   };
+  /// A guard under which forwards and backwards accumulate gradients without communication (see
+  /// NoSync): `{ auto guard = ddp.no_sync(); ... }`. Throws c10::Error when entered between a
+  /// synced forward and its backward, which would still all-reduce.
   [[nodiscard]] NoSync no_sync();
 
   /// Replaces the options' comm_hook by `hook` (a c10d::CppCommHookInterface of yours; include
