@@ -24,8 +24,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 STEPS, BATCH, IN, HIDDEN, OUT = 6, 16, 32, 64, 10
 BASE = dict(hook="none", autocast="none", accumulate="1", unused="0", bucket_cap_mb="default",
-            init_scale=str(2.0 ** 16), static_graph="0", inf_at="none", bucket_view="0",
-            batch_norm="0")
+            init_scale=str(2.0 ** 16), static_graph="0", inf_at="none", bad_value="inf",
+            bucket_view="0", batch_norm="0")
 SCENARIOS = {
     "plain": dict(init_scale="1024"),
     "fp16_autocast": dict(autocast="fp16"),
@@ -41,6 +41,11 @@ SCENARIOS = {
     "buckets": dict(bucket_cap_mb="0.004", autocast="fp16"),
     # Rank 1's input holds an inf at step 3: every rank skips and backs off.
     "inf_one_rank": dict(autocast="fp16", inf_at="1:3"),
+    # The same with the fp16 hook.
+    "fp16_hook_inf_one_rank": dict(hook="fp16", autocast="fp16", inf_at="1:3"),
+    # Accumulation over 3 micro-batches with a NaN in rank 0's first (no_sync) micro-batch of
+    # step 2: it reaches the reduced gradients, and every rank skips.
+    "no_sync_nan": dict(accumulate="3", autocast="fp16", inf_at="0:2", bad_value="nan"),
     # Scale 2^24 with float16 transfer: the all-reduced gradients overflow on every rank.
     "fp16_overflow": dict(hook="fp16", init_scale=str(2.0 ** 24)),
     "static_graph": dict(static_graph="1", autocast="fp16"),
@@ -182,7 +187,7 @@ def write_inputs(workdir, world, config):
         if config["inf_at"] != "none":
             inf_rank, inf_step = map(int, config["inf_at"].split(":"))
             if rank == inf_rank:
-                x[inf_step, 0, 0, 0] = float("inf")
+                x[inf_step, 0, 0, 0] = float(config["bad_value"])
         x.numpy().tofile(f"{workdir}/rank{rank}_x.bin")
         torch.randint(OUT, (STEPS, acc, BATCH), generator=gen).numpy().tofile(
             f"{workdir}/rank{rank}_y.bin")
