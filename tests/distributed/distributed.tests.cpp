@@ -74,6 +74,21 @@ void require_all_succeeded(const std::vector<RankResult>& results) {
   for (const auto& r : results) REQUIRE(r.status == 0);
 }
 
+// Rank 2 of a 3-rank job exited with 3 (it died on purpose, under a 5-second timeout): ranks 0
+// and 1 must fail within the timeout, before printing `unreached`, with `failure` followed by
+// "<rank> of 3" in their error.
+void require_survivors_failed(const std::vector<RankResult>& results, const std::string& unreached,
+                              const std::string& failure) {
+  INFO(describe(results));
+  CHECK(results[2].status == 3);
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(results[rank].status == 1);
+    CHECK(results[rank].values.count(unreached) == 0);
+    CHECK_THAT(results[rank].err, Catch::Contains(failure + std::to_string(rank) + " of 3"));
+    CHECK(results[rank].seconds < 5.0 + 15.0);
+  }
+}
+
 // A float32 as the worker prints it.
 std::string bits(float value) {
   uint32_t word = 0;
@@ -283,16 +298,8 @@ TEST_CASE("DistributedDataParallel's misuse ends in a sentence on every rank, wi
 TEST_CASE("A rank that dies between forward and backward makes the others' backward fail",
           "[distributed][ddp]") {
   const auto results = run_ranks({"fault", "dies"}, 3, 0, {{"AMP_TEST_TIMEOUT_MS", "5000"}});
-  INFO(describe(results));
-  CHECK(results[2].status == 3);
-  for (int rank = 0; rank < 2; ++rank) {
-    CHECK(results[rank].status == 1);
-    CHECK(results[rank].values.count("iteration1") == 0);
-    CHECK_THAT(results[rank].err,
-               Catch::Contains("the all-reduce of gradient bucket 1 (280 elements) failed on rank " +
-                               std::to_string(rank) + " of 3"));
-    CHECK(results[rank].seconds < 5.0 + 15.0);
-  }
+  require_survivors_failed(results, "iteration1",
+                           "the all-reduce of gradient bucket 1 (280 elements) failed on rank ");
 }
 
 TEST_CASE("A float16 transfer that overflows makes every rank skip, and bfloat16 does not overflow",
@@ -415,16 +422,8 @@ TEST_CASE("A rank that never joins makes the others fail within the timeout", "[
 TEST_CASE("A rank that dies makes the others fail with a sentence instead of hanging",
           "[distributed]") {
   const auto results = run_ranks({"dies"}, 3, 0, {{"AMP_TEST_TIMEOUT_MS", "5000"}});
-  INFO(describe(results));
-  CHECK(results[2].status == 3);
-  for (int rank = 0; rank < 2; ++rank) {
-    CHECK(results[rank].status == 1);
-    CHECK(results[rank].values.count("finished") == 0);
-    CHECK_THAT(results[rank].err,
-               Catch::Contains("the GradScaler's inf/NaN flag all-reduce failed on rank " +
-                               std::to_string(rank) + " of 3"));
-    CHECK(results[rank].seconds < 5.0 + 15.0);
-  }
+  require_survivors_failed(results, "finished",
+                           "the GradScaler's inf/NaN flag all-reduce failed on rank ");
 }
 
 TEST_CASE("A rank that stops taking part makes the others fail at the timeout", "[distributed]") {

@@ -522,7 +522,6 @@ void fault(const dist::TorchrunEnv& env, const std::string& kind) {
   if (last && kind == "count") model->register_parameter("extra", at::zeros({3}));
   if (last && kind == "dtype") model->side->to(at::kDouble);
   if (last && kind == "requires_grad") model->side->bias.requires_grad_(false);
-  dist::DistributedDataParallelOptions options;
   if (kind == "twice") {
     dist::DistributedDataParallel first(model, group);
     print("first", "1");
@@ -530,7 +529,7 @@ void fault(const dist::TorchrunEnv& env, const std::string& kind) {
     print("second", "1");
     return;
   }
-  dist::DistributedDataParallel ddp(model, group, options);
+  dist::DistributedDataParallel ddp(model, group);
   print("constructed", "1");
   const at::Tensor x = at::randn({4, 8});
   for (int iteration = 1; iteration <= 2; ++iteration) {
