@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/functional/linear.h>
@@ -32,6 +33,10 @@ enum Role { kInput = 0, kWeight = 1, kGradOutput = 2 };
 struct LayerContext : torch::CustomClassHolder {
   Recipe recipe;
   detail::DelayedState delayed[3];
+  // Which gradients the backward computes (grad mode on and the tensor requires grad, as seen at
+  // forward time): a frozen weight costs neither its GEMM nor the input kept for it.
+  bool needs_grad_input = true;
+  bool needs_grad_weight = true;
 };
 
 // The dtype a GEMM whose first operand has `dtype` produces: under autocast for the operand's
@@ -108,14 +113,13 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
 
     at::Tensor output;
     if (r.input.enabled) {
-      auto input_fp8 = cast(*layer, kInput, r.input, input, -1);
+      auto input_fp8 = cast(*layer, kInput, r.input, input, -1).flatten_rows();
       auto weight_fp8 = cast(*layer, kWeight, r.weight, weight_t, 0);
-      output = detail::scaled_mm(input_fp8.flatten_rows(), weight_fp8, out_dtype,
-                                 r.output_fast_accum);
-      if (reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight)) {
-        save_operand(ctx, "input", input_fp8.flatten_rows());
+      output = detail::scaled_mm(input_fp8, weight_fp8, out_dtype, r.output_fast_accum);
+      if (layer->needs_grad_weight && reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight)) {
+        save_operand(ctx, "input", input_fp8);
       }
-      if (reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input)) {
+      if (layer->needs_grad_input && reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input)) {
         save_operand(ctx, "weight", weight_fp8);
       }
     } else {
@@ -126,10 +130,12 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
     // The high-precision tensors only where the backward casts them differently from the forward
     // or multiplies them in high precision: a tensorwise or delayed layer keeps its input in
     // float8 (1 byte an element) for the backward.
-    const bool keep_input = !r.input_for_grad_weight.enabled ||
-                            !reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight);
-    const bool keep_weight = !r.weight_for_grad_input.enabled ||
-                             !reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input);
+    const bool keep_input = layer->needs_grad_weight &&
+                            (!r.input_for_grad_weight.enabled ||
+                             !reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight));
+    const bool keep_weight = layer->needs_grad_input &&
+                             (!r.weight_for_grad_input.enabled ||
+                              !reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input));
     ctx->save_for_backward({keep_input ? input : at::Tensor(), keep_weight ? weight : at::Tensor()});
     ctx->saved_data["layer"] =
         c10::IValue::make_capsule(c10::static_intrusive_pointer_cast<torch::CustomClassHolder>(layer));
@@ -148,45 +154,56 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
     const auto grad_2d = grad_output.reshape({-1, grad_output.size(-1)});
     const auto device = grad_output.device().type();
 
-    // grad_input = grad_output @ weight.
-    at::Tensor grad_input;
+    // grad_output in float8 is cast once and used by both GEMMs where the recipe allows it (a
+    // delayed layer's history sees one cast per backward whichever gradients are needed).
     std::optional<detail::Float8Operand> grad_fp8;
-    if (r.grad_output.enabled) {
-      grad_fp8 = cast(*layer, kGradOutput, r.grad_output, grad_2d, -1);
-      auto weight_fp8 = reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input)
-                            ? load_operand(ctx, "weight")
-                            : detail::cast_dynamic(weight.t(), r.weight_for_grad_input, -1,
-                                                   r.round_scales_to_power_of_2);
-      grad_input = detail::scaled_mm(*grad_fp8, weight_fp8.t(),
-                                     gemm_dtype(grad_2d.scalar_type(), device),
-                                     r.grad_input_fast_accum);
-    } else {
-      grad_input = at::mm(grad_2d, weight);
-    }
-    auto sizes = grad_output.sizes().vec();
-    sizes.back() = grad_input.size(-1);
-    grad_input = grad_input.reshape(sizes);
+    const auto grad_output_fp8 = [&]() -> const detail::Float8Operand& {
+      if (!grad_fp8) grad_fp8 = cast(*layer, kGradOutput, r.grad_output, grad_2d, -1);
+      return *grad_fp8;
+    };
 
-    // grad_weight = grad_output.t() @ input.
-    const auto input_2d = input.defined() ? input.reshape({-1, input.size(-1)}) : at::Tensor();
+    // grad_input = grad_output @ weight, unless the input needs no gradient.
+    at::Tensor grad_input;
+    if (layer->needs_grad_input) {
+      if (r.grad_output.enabled) {
+        auto weight_fp8 = reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input)
+                              ? load_operand(ctx, "weight")
+                              : detail::cast_dynamic(weight.t(), r.weight_for_grad_input, -1,
+                                                     r.round_scales_to_power_of_2);
+        grad_input = detail::scaled_mm(grad_output_fp8(), weight_fp8.t(),
+                                       gemm_dtype(grad_2d.scalar_type(), device),
+                                       r.grad_input_fast_accum);
+      } else {
+        grad_input = at::mm(grad_2d, weight);
+      }
+      auto sizes = grad_output.sizes().vec();
+      sizes.back() = grad_input.size(-1);
+      grad_input = grad_input.reshape(sizes);
+    }
+
+    // grad_weight = grad_output.t() @ input, unless the weight is frozen.
     at::Tensor grad_weight;
-    if (r.grad_output_for_grad_weight.enabled) {
-      auto grad_fp8_t = reuse_forward_cast(r, kGradOutput, r.grad_output, r.grad_output_for_grad_weight)
-                            ? grad_fp8->t()
-                            : detail::cast_dynamic(grad_2d, r.grad_output_for_grad_weight, 0,
-                                                   r.round_scales_to_power_of_2)
-                                  .t();
-      auto input_fp8 = reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight)
-                           ? load_operand(ctx, "input")
-                           : detail::cast_dynamic(input_2d, r.input_for_grad_weight, 0,
-                                                  r.round_scales_to_power_of_2);
-      grad_weight = detail::scaled_mm(grad_fp8_t, input_fp8,
-                                      gemm_dtype(grad_2d.scalar_type(), device),
-                                      r.grad_weight_fast_accum);
-    } else {
-      // torchao multiplies grad_output and the input as they are; under CPU autocast they differ
-      // (bf16 and float32) and at::mm refuses, so the input takes grad_output's dtype.
-      grad_weight = at::mm(grad_2d.t(), input_2d.to(grad_2d.scalar_type()));
+    if (layer->needs_grad_weight) {
+      const auto input_2d = input.defined() ? input.reshape({-1, input.size(-1)}) : at::Tensor();
+      if (r.grad_output_for_grad_weight.enabled) {
+        auto grad_fp8_t =
+            reuse_forward_cast(r, kGradOutput, r.grad_output, r.grad_output_for_grad_weight)
+                ? grad_output_fp8().t()
+                : detail::cast_dynamic(grad_2d, r.grad_output_for_grad_weight, 0,
+                                       r.round_scales_to_power_of_2)
+                      .t();
+        auto input_fp8 = reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight)
+                             ? load_operand(ctx, "input")
+                             : detail::cast_dynamic(input_2d, r.input_for_grad_weight, 0,
+                                                    r.round_scales_to_power_of_2);
+        grad_weight = detail::scaled_mm(grad_fp8_t, input_fp8,
+                                        gemm_dtype(grad_2d.scalar_type(), device),
+                                        r.grad_weight_fast_accum);
+      } else {
+        // torchao multiplies grad_output and the input as they are; under CPU autocast they
+        // differ (bf16 and float32) and at::mm refuses, so the input takes grad_output's dtype.
+        grad_weight = at::mm(grad_2d.t(), input_2d.to(grad_2d.scalar_type()));
+      }
     }
     return {grad_input, grad_weight, at::Tensor()};
   }
@@ -211,7 +228,9 @@ Float8LinearImpl::Float8LinearImpl(const torch::nn::LinearImpl& linear, Recipe r
                   .bias(linear.options.bias())
                   .recipe(std::move(recipe))) {
   options.recipe().validate();
-  weight = register_parameter("weight", linear.weight);
+  // Each parameter keeps its requires_grad flag (register_parameter's default would unfreeze a
+  // frozen weight).
+  weight = register_parameter("weight", linear.weight, linear.weight.requires_grad());
   bias = register_parameter("bias", linear.bias, /*requires_grad=*/linear.bias.defined() &&
                                                      linear.bias.requires_grad());
   register_delayed_buffers();
@@ -306,18 +325,33 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input_) {
               "amp::fp8::Float8Linear ", describe(*this),
               ": the input must be float32, bfloat16 or float16 to be cast to float8. Got ", dtype,
               ".");
+  const bool grad_mode = at::GradMode::is_enabled();
+  const bool needs_grad_weight = grad_mode && weight.requires_grad();
   if (input.is_cuda()) {
     check_cuda_dim(*this, options.in_features(), "in_features");
     check_cuda_dim(*this, options.out_features(), "out_features");
-    // The rows are the reduction dimension of the grad_weight GEMM.
-    if (options.recipe().input_for_grad_weight.enabled && at::GradMode::is_enabled() &&
-        weight.requires_grad()) {
+    // The rows are the reduction dimension of the grad_weight GEMM, run only for a weight that
+    // trains.
+    if (options.recipe().input_for_grad_weight.enabled && needs_grad_weight) {
       check_cuda_dim(*this, input.numel() / options.in_features(),
                      "the number of input rows (the product of all dims but the last)");
     }
   }
+  if (input.numel() == 0) {
+    // No rows (an MoE expert without tokens, an empty last micro-batch): nothing to cast, and an
+    // amax of no elements is undefined. The empty product in the dtype the float8 GEMM would
+    // give keeps the graph (zero parameter gradients, as Linear's) and leaves delayed histories
+    // as they are.
+    const auto out_dtype = gemm_dtype(dtype, input.device().type());  // before autocast is off
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    auto output = at::matmul(input.to(out_dtype), weight.to(out_dtype).t());
+    if (bias.defined()) output = output + bias.to(out_dtype);
+    return output;
+  }
   auto layer = c10::make_intrusive<LayerContext>();
   layer->recipe = options.recipe();
+  layer->needs_grad_weight = needs_grad_weight;
+  layer->needs_grad_input = grad_mode && input.requires_grad();
   if (layer->recipe.delayed_scaling) {
     const auto buffers = named_buffers(/*recurse=*/false);
     for (int role = 0; role < 3; ++role) {

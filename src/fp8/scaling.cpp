@@ -40,12 +40,14 @@ Float8Operand Float8Operand::flatten_rows() const {
   const int64_t cols = data.size(-1);
   if (data.dim() == 2) return *this;
   Float8Operand out = *this;
-  out.data = data.view({-1, cols});
+  // reshape, as torchao: the cast keeps the layout of its input, and a permuted input (say
+  // x.transpose(0, 1) of a [T, B, K] activation) cannot be viewed as rows; it is copied then.
+  out.data = data.reshape({-1, cols});
   // torchao reshapes a rowwise scale along the last dim to [rows, 1]; a scale along dim 0 of an
   // N-d tensor does not occur in a linear layer's forward.
   if (scale.dim() > 1) {
     TORCH_INTERNAL_ASSERT(axiswise_dim && *axiswise_dim == -1);
-    out.scale = scale.view({out.data.size(0), 1});
+    out.scale = scale.reshape({out.data.size(0), 1});
   }
   return out;
 }

@@ -5,6 +5,9 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include <ATen/record_function.h>
+
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <limits>
@@ -463,5 +466,174 @@ TEST_CASE("The delayed recipe's state stays float32 when the module's dtype chan
     const auto out = (*layer)(torch::randn({4, 16}).to(torch::kBFloat16));
     CHECK(out.scalar_type() == torch::kBFloat16);
     CHECK((*layer)->named_buffers()["scale_input"].item<float>() != 1.0f);  // updated
+  }
+}
+
+// ---- behaviour a training loop relies on at the edges (frozen layers, views, empty batches) ----
+
+namespace {
+
+// Counts the calls of one ATen operator while it lives (a RecordFunction callback on every
+// thread, so the autograd engine's calls are seen too).
+class OpCounter {
+ public:
+  explicit OpCounter(std::string op) : op_(std::move(op)) {
+    handle_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(
+            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+              if (active_ != nullptr && fn.name() == active_->op_) ++active_->count_;
+              return nullptr;
+            })
+            .scopes({at::RecordScope::FUNCTION}));
+    active_ = this;
+  }
+  ~OpCounter() {
+    at::removeCallback(handle_);
+    active_ = nullptr;
+  }
+  int count() const { return count_.load(); }
+
+ private:
+  static inline OpCounter* active_ = nullptr;
+  std::string op_;
+  std::atomic<int> count_{0};
+  at::CallbackHandle handle_;
+};
+
+Float8Linear seeded_layer(const std::string& recipe, int64_t in, int64_t out, uint64_t seed) {
+  torch::manual_seed(seed);
+  return Float8Linear(Float8LinearOptions(in, out).recipe(Recipe::from_name(recipe)));
+}
+
+}  // namespace
+
+TEST_CASE("convert_to_float8_training keeps each parameter's requires_grad flag", "[fp8]") {
+  // A frozen base layer (partial fine-tuning, LoRA) must stay frozen: an optimizer or a DDP
+  // built after the conversion would otherwise train or reduce it.
+  torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::Linear(16, 16),
+                              torch::nn::Linear(16, 4));
+  model[0]->as<torch::nn::LinearImpl>()->weight.requires_grad_(false);
+  model[1]->as<torch::nn::LinearImpl>()->weight.requires_grad_(false);
+  model[1]->as<torch::nn::LinearImpl>()->bias.requires_grad_(false);
+  amp::fp8::convert_to_float8_training(*model);
+  const auto params = model->named_parameters();
+  CHECK_FALSE(params["0.weight"].requires_grad());
+  CHECK(params["0.bias"].requires_grad());
+  CHECK_FALSE(params["1.weight"].requires_grad());
+  CHECK_FALSE(params["1.bias"].requires_grad());
+  CHECK(params["2.weight"].requires_grad());
+  CHECK(params["2.bias"].requires_grad());
+  // The frozen weights get no gradient from a float8 step.
+  Float8AutocastGuard float8;
+  model->forward(torch::randn({16, 8})).sum().backward();
+  CHECK_FALSE(params["0.weight"].grad().defined());
+  CHECK_FALSE(params["1.weight"].grad().defined());
+  CHECK(params["0.bias"].grad().defined());
+  CHECK(params["2.weight"].grad().defined());
+}
+
+TEST_CASE("Permuted inputs of three or more dims give the bits of their contiguous copies",
+          "[fp8]") {
+  // torch::nn::Linear takes any strided input; so must its float8 replacement (torchao reshapes).
+  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp",
+                               "delayed");
+  CAPTURE(recipe);
+  if (!runs_here(recipe)) return;
+  torch::manual_seed(31);
+  const std::vector<torch::Tensor> inputs{
+      torch::randn({5, 3, 16}).transpose(0, 1),         // [3, 5, 16], the batch dims swapped
+      torch::randn({2, 16, 3, 4}).permute({0, 2, 3, 1}),  // [2, 3, 4, 16], channels last
+      torch::randn({16, 6}).t().unsqueeze(0)};           // [1, 6, 16], the feature dim strided
+  for (const auto& x : inputs) {
+    CAPTURE(x.sizes(), x.strides());
+    REQUIRE_FALSE(x.is_contiguous());
+    // Two layers with the same state: the delayed recipe updates its history at every cast.
+    auto permuted = seeded_layer(recipe, 16, 8, 3);
+    auto contiguous = seeded_layer(recipe, 16, 8, 3);
+    Float8AutocastGuard float8;
+    for (int step = 0; step < 2; ++step) {
+      const auto a = run([&](const torch::Tensor& in) { return permuted(in); }, permuted->weight,
+                         permuted->bias, x);
+      const auto b = run([&](const torch::Tensor& in) { return contiguous(in); },
+                         contiguous->weight, contiguous->bias, x.contiguous());
+      auto expected_sizes = x.sizes().vec();
+      expected_sizes.back() = 8;
+      CHECK(a.output.sizes().vec() == expected_sizes);
+      CHECK(same_bits(a.output, b.output));
+      CHECK(same_bits(a.input.contiguous(), b.input));
+      CHECK(same_bits(a.weight, b.weight));
+      CHECK(same_bits(a.bias, b.bias));
+    }
+  }
+}
+
+TEST_CASE("A frozen weight's float8 layer computes no grad_weight, and an unneeded grad_input "
+          "neither",
+          "[fp8]") {
+  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp",
+                               "delayed");
+  CAPTURE(recipe);
+  if (!runs_here(recipe)) return;
+  // The backward's GEMMs, float8 or not: grad_input and grad_weight.
+  const auto gemms_in_backward = [&](bool weight_trains, bool input_needs_grad,
+                                     torch::Tensor* grad_input) {
+    auto layer = seeded_layer(recipe, 32, 16, 4);
+    layer->weight.requires_grad_(weight_trains);
+    torch::manual_seed(5);
+    auto x = torch::randn({8, 32}).requires_grad_(input_needs_grad);
+    Float8AutocastGuard float8;
+    const auto loss = layer(x).square().sum();
+    OpCounter scaled("aten::_scaled_mm");
+    OpCounter plain("aten::mm");
+    loss.backward();
+    if (grad_input != nullptr && input_needs_grad) *grad_input = x.grad();
+    CHECK(layer->weight.grad().defined() == weight_trains);
+    return scaled.count() + plain.count();
+  };
+  torch::Tensor trained, frozen;
+  const int both = gemms_in_backward(true, true, &trained);
+  CHECK(gemms_in_backward(false, true, &frozen) == both / 2);
+  CHECK(gemms_in_backward(true, false, nullptr) == both / 2);
+  // Leaving grad_weight out changes nothing in grad_input.
+  CHECK(same_bits(frozen, trained));
+}
+
+TEST_CASE("An empty batch inside a float8 region gives the empty output Linear gives", "[fp8]") {
+  // An MoE expert that received no tokens, an empty last micro-batch: torchao's amax fails on
+  // zero elements; amp returns [..., 0 rows, out] and leaves delayed histories untouched.
+  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp",
+                               "delayed");
+  CAPTURE(recipe);
+  auto layer = seeded_layer(recipe, 16, 8, 6);
+  std::vector<std::pair<std::string, torch::Tensor>> buffers_before;
+  for (const auto& b : layer->named_buffers()) buffers_before.emplace_back(b.key(), b.value().clone());
+  for (const auto& sizes : std::vector<std::vector<int64_t>>{{0, 16}, {2, 0, 16}, {0, 3, 16}}) {
+    CAPTURE(sizes);
+    auto x = torch::randn(sizes).requires_grad_(true);
+    torch::Tensor out;
+    {
+      Float8AutocastGuard float8;
+      out = layer(x);
+    }
+    auto expected_sizes = sizes;
+    expected_sizes.back() = 8;
+    CHECK(out.sizes().vec() == expected_sizes);
+    CHECK(out.scalar_type() == torch::kFloat);
+    layer->zero_grad();
+    out.sum().backward();
+    // As torch::nn::Linear: zero gradients for the parameters, an empty one for the input.
+    CHECK(torch::equal(layer->weight.grad(), torch::zeros({8, 16})));
+    CHECK(torch::equal(layer->bias.grad(), torch::zeros({8})));
+    CHECK(x.grad().sizes() == x.sizes());
+  }
+  // Under CPU autocast the empty output takes autocast's dtype, as a non-empty one does.
+  {
+    Float8AutocastGuard float8;
+    amp::AutocastGuard autocast(amp::AutocastOptions(torch::kCPU).dtype(torch::kBFloat16));
+    CHECK(layer(torch::randn({0, 16})).scalar_type() == torch::kBFloat16);
+  }
+  for (const auto& [name, before] : buffers_before) {
+    INFO(name);
+    CHECK(torch::equal(layer->named_buffers()[name], before));
   }
 }

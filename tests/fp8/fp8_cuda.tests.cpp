@@ -172,6 +172,79 @@ TEST_CASE("Transposed and offset inputs give the bits of their contiguous copies
   }
 }
 
+TEST_CASE("Permuted inputs of three or more dims give the bits of their contiguous copies on CUDA",
+          "[fp8][cuda]") {
+  if (!sm89_or_newer()) {
+    WARN("not run: float8 GEMMs need compute capability 8.9 or newer");
+    return;
+  }
+  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp",
+                               "delayed");
+  CAPTURE(recipe);
+  torch::manual_seed(23);
+  for (const auto& x : {torch::randn({16, 2, 32}, kCuda).transpose(0, 1),
+                        torch::randn({2, 32, 4, 4}, kCuda).permute({0, 2, 3, 1})}) {
+    CAPTURE(x.sizes());
+    // Two layers with the same state (the delayed recipe updates its history at every cast).
+    torch::manual_seed(24);
+    Float8Linear permuted(Float8LinearOptions(32, 16).recipe(Recipe::from_name(recipe)));
+    torch::manual_seed(24);
+    Float8Linear contiguous(Float8LinearOptions(32, 16).recipe(Recipe::from_name(recipe)));
+    permuted->to(kCuda);
+    contiguous->to(kCuda);
+    Float8AutocastGuard float8;
+    auto a_in = x.clone().requires_grad_(true);  // clone keeps the permuted strides
+    auto b_in = x.contiguous().requires_grad_(true);
+    REQUIRE_FALSE(a_in.is_contiguous());
+    const auto a = permuted(a_in);
+    const auto b = contiguous(b_in);
+    CHECK(same_bits(a, b));
+    a.square().sum().backward();
+    b.square().sum().backward();
+    CHECK(same_bits(a_in.grad().contiguous(), b_in.grad()));
+    CHECK(same_bits(permuted->weight.grad(), contiguous->weight.grad()));
+  }
+}
+
+TEST_CASE("A frozen weight on CUDA takes any number of rows and still gives grad_input",
+          "[fp8][cuda]") {
+  // The rows are only the reduction dim of the grad_weight GEMM, which a frozen weight skips.
+  if (!sm89_or_newer()) {
+    WARN("not run: float8 GEMMs need compute capability 8.9 or newer");
+    return;
+  }
+  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp",
+                               "delayed");
+  CAPTURE(recipe);
+  const auto make = [&](bool weight_trains) {
+    torch::manual_seed(25);
+    Float8Linear layer(Float8LinearOptions(32, 16).recipe(Recipe::from_name(recipe)));
+    layer->weight.requires_grad_(weight_trains);
+    layer->to(kCuda);
+    return layer;
+  };
+  Float8AutocastGuard float8;
+  auto frozen = make(false);
+  auto x = torch::randn({8, 32}, kCuda).requires_grad_(true);
+  frozen(x).square().sum().backward();
+  CHECK_FALSE(frozen->weight.grad().defined());
+  CHECK(frozen->bias.grad().defined());
+  // The same grad_input as a layer whose weight trains, with 16 rows (which it needs); fresh
+  // layers, so that delayed histories start equal.
+  auto frozen16 = make(false);
+  auto trained = make(true);
+  const auto x16 = torch::cat({x.detach(), x.detach()});
+  auto a = x16.clone().requires_grad_(true);
+  auto b = x16.clone().requires_grad_(true);
+  frozen16(a).square().sum().backward();
+  trained(b).square().sum().backward();
+  CHECK(same_bits(a.grad(), b.grad()));
+  // A weight that trains still needs the rows divisible by 16, with the layer's sentence.
+  CHECK_THROWS_WITH(trained(torch::randn({8, 32}, kCuda)),
+                    Contains("the number of input rows (the product of all dims but the last) "
+                             "is 8"));
+}
+
 TEST_CASE("On CUDA a dimension not divisible by 16 is refused with the layer's name",
           "[fp8][cuda]") {
   auto root = std::make_shared<torch::nn::Module>();
