@@ -57,7 +57,9 @@ struct AMP_EXPORT FusedAdamOptions
   /// optimizer and its step count, so a run and its resume draw the same bits.
   TORCH_ARG(bool, stochastic_rounding) = false;
   /// Low-precision parameters: the dtype of the moment/momentum buffers (float32, bfloat16 or
-  /// float16). Unset: float32 with master_weights, the parameter's dtype otherwise.
+  /// float16). Unset: float32, so that no update of the state is lost either (in bfloat16,
+  /// Adam's second moment stops moving once its increment is below half a rounding step).
+  /// bfloat16 saves 4 bytes per parameter (Adam) at that cost.
   TORCH_ARG(std::optional<c10::ScalarType>, state_dtype) = std::nullopt;
   /// The seed of stochastic_rounding's bits.
   TORCH_ARG(int64_t, rounding_seed) = 0;
@@ -240,13 +242,21 @@ class AMP_EXPORT FusedOptimizer : public torch::optim::Optimizer, public Support
   /// does this itself; a replay of a captured CUDA graph runs no host code, so after changing a
   /// group's lr between replays call this before the next replay. No-op for groups without one.
   void sync_capturable_lr();
+  /// Adds a param group (progressive unfreezing, a backbone with a lower lr) as the constructor
+  /// adds its groups: the group's options, where set, override the defaults field by field, and
+  /// the options and parameters are checked. A parameter listed twice in the group is kept once;
+  /// one already in another group is refused. Throws c10::Error (a sentence naming the group) and
+  /// adds nothing when a check fails. Call it on the fused optimizer itself: LibTorch's
+  /// Optimizer::add_param_group is not virtual, and reached through a torch::optim::Optimizer&
+  /// it replaces the group's options with the defaults; the next step() then refuses that group.
+  void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
 
  protected:
   /// `name` is the optimizer's class name, as error messages print it.
   FusedOptimizer(const char* name, const Options& defaults);
   /// Merges each group's options with the defaults (LibTorch's rule), checks them and the
-  /// parameters, and adds the groups. Called from the derived constructor, where the hooks are
-  /// the derived class's.
+  /// parameters (each parameter kept once per group, refused in two groups), and adds the groups,
+  /// all or none. Called from the derived constructor, where the hooks are the derived class's.
   void add_param_groups(std::vector<torch::optim::OptimizerParamGroup> groups);
   /// Capturable mode: group `group_index`'s lr as a 0-dim float32 tensor on `device`, created
   /// once and then updated in place (a CUDA graph keeps its address).
@@ -276,6 +286,9 @@ class AMP_EXPORT FusedOptimizer : public torch::optim::Optimizer, public Support
   const Options& checked_options(size_t group_index) const;
 
   const char* name_;
+  // How many of param_groups_ were added (and their options merged) by this class: a group
+  // beyond them came through LibTorch's non-virtual Optimizer::add_param_group.
+  size_t adopted_groups_ = 0;
   // Capturable mode: each group's learning rate in a device tensor, refreshed when it changes.
   std::vector<std::pair<double, at::Tensor>> lr_tensors_;
 };

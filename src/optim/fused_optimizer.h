@@ -63,28 +63,50 @@ void FusedOptimizer<Options, ParamState>::add_param_groups(
   const auto& defaults = static_cast<const Options&>(this->defaults());
   check_options(defaults, name_);
   check_low_precision_options(defaults, name_);
-  for (size_t g = 0; g < groups.size(); ++g) {
-    if (groups[g].has_options()) {
-      const auto* given = dynamic_cast<const Options*>(&groups[g].options());
+  // Group g of `groups` becomes param group `first + g`.
+  const size_t first = param_groups_.size();
+  deduplicate_params(param_groups_, groups, first, name_);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const size_t g = first + i;
+    auto& group = groups[i];
+    if (group.has_options()) {
+      const auto* given = dynamic_cast<const Options*>(&group.options());
       TORCH_CHECK(given != nullptr, name_, ": the options of param group ", g, " are not ", name_,
                   "Options; a group's options must be of the optimizer's own options type. Pass ",
                   name_, "Options, or leave the group's options out to use the defaults.");
-      groups[g].set_options(std::make_unique<Options>(merge_options(*given, defaults)));
+      group.set_options(std::make_unique<Options>(merge_options(*given, defaults)));
     } else {
-      groups[g].set_options(std::make_unique<Options>(defaults));
+      group.set_options(std::make_unique<Options>(defaults));
     }
-    const auto& options = static_cast<const Options&>(groups[g].options());
+    const auto& options = static_cast<const Options&>(group.options());
     check_options(options, group_where(name_, g));
     check_low_precision_options(options, group_where(name_, g));
-    check_params(groups[g], g, name_, options.capturable());
-    check_low_precision_params(options, groups[g].params(), group_where(name_, g));
+    check_params(group, g, name_, options.capturable());
+    check_low_precision_params(options, group.params(), group_where(name_, g));
   }
   adopt_groups(*this, std::move(groups));
+  adopted_groups_ = param_groups_.size();
+}
+
+template <typename Options, typename ParamState>
+void FusedOptimizer<Options, ParamState>::add_param_group(
+    const torch::optim::OptimizerParamGroup& param_group) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(param_group.params());
+  if (param_group.has_options()) groups.back().set_options(param_group.options().clone());
+  add_param_groups(std::move(groups));
 }
 
 template <typename Options, typename ParamState>
 const Options& FusedOptimizer<Options, ParamState>::checked_options(size_t group_index) const {
-  // A group's options are ours: add_param_groups set them, and load() sets only its own type.
+  // A group's options are ours when add_param_groups or load() set them; LibTorch's base
+  // add_param_group, reached through a torch::optim::Optimizer&, sets the defaults instead.
+  TORCH_CHECK(group_index < adopted_groups_, name_, ": param group ", group_index,
+              " was added through torch::optim::Optimizer::add_param_group, which is not "
+              "virtual and gave the group ",
+              name_, "'s default options instead of its own. Nothing was stepped; call "
+              "add_param_group on the ", name_, " itself (not through a "
+              "torch::optim::Optimizer reference).");
   const auto& options = static_cast<const Options&>(param_groups_[group_index].options());
   // Rechecked every step: options may have been changed through param_groups() since.
   check_options(options, group_where(name_, group_index));
@@ -101,6 +123,8 @@ at::Tensor FusedOptimizer<Options, ParamState>::step(LossClosure closure) {
   }
   at::NoGradGuard no_grad;
   StepScaling scaling(*this);
+  // Every group's options are checked before the first group steps: a refusal changes nothing.
+  for (size_t g = 0; g < param_groups_.size(); ++g) checked_options(g);
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const Options& options = checked_options(g);
     const GroupWork work = collect_group(param_groups_[g], g, name_, options.capturable());
@@ -151,6 +175,7 @@ void FusedOptimizer<Options, ParamState>::load(torch::serialize::InputArchive& a
   for (size_t g = 0; g < contents.groups.size(); ++g) {
     param_groups_[g].set_options(std::make_unique<Options>(contents.groups[g].options));
   }
+  adopted_groups_ = param_groups_.size();  // every group now has options of this type
   state_ = std::move(state);
 }
 

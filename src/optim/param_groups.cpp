@@ -5,6 +5,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <unordered_map>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -84,6 +85,35 @@ void check_params(const torch::optim::OptimizerParamGroup& group, size_t group_i
   const auto& params = group.params();
   for (size_t i = 0; i < params.size(); ++i) {
     check_param(params[i], group_index, i, optimizer, capturable);
+  }
+}
+
+void deduplicate_params(const std::vector<torch::optim::OptimizerParamGroup>& existing,
+                        std::vector<torch::optim::OptimizerParamGroup>& added, size_t first_index,
+                        const char* optimizer) {
+  // Where each parameter already is: (group, index in that group).
+  std::unordered_map<const c10::TensorImpl*, std::pair<size_t, size_t>> owner;
+  for (size_t g = 0; g < existing.size(); ++g) {
+    const auto& params = existing[g].params();
+    for (size_t i = 0; i < params.size(); ++i) owner.emplace(params[i].unsafeGetTensorImpl(), std::pair{g, i});
+  }
+  for (size_t a = 0; a < added.size(); ++a) {
+    const size_t g = first_index + a;
+    std::vector<at::Tensor> kept;
+    const auto& params = added[a].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto [where, fresh] =
+          owner.emplace(params[i].unsafeGetTensorImpl(), std::pair{g, kept.size()});
+      if (fresh) {
+        kept.push_back(params[i]);
+        continue;
+      }
+      TORCH_CHECK(where->second.first == g, optimizer, ": ", param_name(g, i), " is also ",
+                  param_name(where->second.first, where->second.second),
+                  "; which group's options would apply to it is ambiguous (Python's optimizers "
+                  "refuse this too). List each parameter in one group only.");
+    }
+    added[a].params() = std::move(kept);
   }
 }
 

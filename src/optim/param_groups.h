@@ -33,6 +33,15 @@ GroupWork collect_group(const torch::optim::OptimizerParamGroup& group, size_t g
 void check_params(const torch::optim::OptimizerParamGroup& group, size_t group_index,
                   const char* optimizer, bool capturable);
 
+/// Keeps each parameter of `added` once within its group (LibTorch's Module::parameters() lists
+/// a module registered under two names twice; stepping a tensor twice would apply two updates
+/// and race on CUDA), and throws c10::Error naming `optimizer` and both places when a parameter
+/// is also in another group (in `existing`, or earlier in `added`); `added`'s groups are
+/// numbered from `first_index`.
+void deduplicate_params(const std::vector<torch::optim::OptimizerParamGroup>& existing,
+                        std::vector<torch::optim::OptimizerParamGroup>& added, size_t first_index,
+                        const char* optimizer);
+
 /// Adds `groups` (options already merged and checked) to `optimizer` with exactly those options:
 /// Optimizer::add_param_group merges only LibTorch's own option types.
 void adopt_groups(torch::optim::Optimizer& optimizer,

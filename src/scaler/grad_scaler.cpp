@@ -2,6 +2,7 @@
 #include <amp/grad_scaler.h>
 
 #include <algorithm>
+#include <unordered_set>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -189,9 +190,13 @@ std::vector<std::pair<c10::Device, std::vector<at::Tensor>>> GradScaler::gradien
   // go through one call of the fused op (which takes mixed dtypes).
   std::vector<std::pair<c10::Device, std::vector<at::Tensor>>> groups;
   at::NoGradGuard no_grad;
+  // Each parameter once: LibTorch's Module::parameters() lists a module registered under two
+  // names twice, and a gradient unscaled twice would be divided by scale^2 (and counted twice
+  // in a clipping norm).
+  std::unordered_set<const c10::TensorImpl*> seen;
   for (auto& group : optimizer.param_groups()) {
     for (auto& param : group.params()) {
-      if (!param.grad().defined()) continue;
+      if (!param.grad().defined() || !seen.insert(param.unsafeGetTensorImpl()).second) continue;
       if (!allow_fp16 && param.grad().scalar_type() == at::kHalf) {
         TORCH_CHECK_VALUE(false, "Attempting to unscale FP16 gradients.");
       }

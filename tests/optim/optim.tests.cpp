@@ -481,3 +481,111 @@ TEST_CASE("A checkpoint that does not fit is refused and leaves the optimizer un
                     Contains("FusedAdamW::load (param group 0): lr must be finite and >= 0"));
   expect_unchanged();
 }
+
+TEST_CASE("add_param_group keeps the group's own options and checks its parameters", "[optim]") {
+  // Progressive unfreezing: a backbone group added later with its own lr and weight decay.
+  auto params = make_params(21);
+  FusedAdamW opt({params[0]}, FusedAdamWOptions(0.02).betas({0.8, 0.99}));
+  opt.add_param_group(torch::optim::OptimizerParamGroup(
+      {params[1]}, std::make_unique<FusedAdamWOptions>(FusedAdamWOptions(0.002).weight_decay(0.5))));
+  opt.add_param_group(torch::optim::OptimizerParamGroup({params[2]}));
+  REQUIRE(opt.param_groups().size() == 3);
+  const auto& added = static_cast<const FusedAdamWOptions&>(opt.param_groups()[1].options());
+  CHECK(added.lr() == 0.002);
+  CHECK(added.weight_decay() == 0.5);
+  CHECK(added.betas() == std::make_tuple(0.8, 0.99));  // left unset: the optimizer's default
+  const auto& plain = static_cast<const FusedAdamWOptions&>(opt.param_groups()[2].options());
+  CHECK(plain.lr() == 0.02);
+
+  // It steps as a one-group optimizer with those options would.
+  auto alone = clones({params[1]});
+  FusedAdamW single(alone, FusedAdamWOptions(0.002).betas({0.8, 0.99}).weight_decay(0.5));
+  for (int k = 0; k < 3; ++k) {
+    set_grads(params, k);
+    alone[0].mutable_grad() = params[1].grad().clone();
+    opt.step();
+    single.step();
+  }
+  CHECK(same_bits(params[1].detach(), alone[0].detach()));
+
+  // The low-precision options of an added group are kept too.
+  auto bf16 = make_params(22, torch::kBFloat16);
+  FusedSGD sgd({make_params(23)[0]}, FusedSGDOptions(0.1));
+  sgd.add_param_group(torch::optim::OptimizerParamGroup(
+      {bf16[0]}, std::make_unique<FusedSGDOptions>(FusedSGDOptions(0.1).kahan_summation(true))));
+  CHECK(static_cast<const FusedSGDOptions&>(sgd.param_groups()[1].options()).kahan_summation());
+
+  // The checks of the constructor, as sentences; a refused group is not added.
+  CHECK_THROWS_WITH(
+      opt.add_param_group(torch::optim::OptimizerParamGroup(
+          {make_params(24)[0]}, std::make_unique<FusedAdamWOptions>(FusedAdamWOptions(-1.0)))),
+      Contains("FusedAdamW (param group 3): lr must be finite and >= 0. Got lr=-1"));
+  CHECK_THROWS_WITH(
+      opt.add_param_group(torch::optim::OptimizerParamGroup(
+          {torch::zeros({2}, torch::kLong)})),
+      Contains("parameter 0 of group 3 has dtype Long"));
+  CHECK_THROWS_WITH(
+      opt.add_param_group(torch::optim::OptimizerParamGroup(
+          {make_params(25)[0]}, std::make_unique<torch::optim::AdamWOptions>(0.1))),
+      Contains("the options of param group 3 are not FusedAdamWOptions"));
+  CHECK_THROWS_WITH(
+      sgd.add_param_group(torch::optim::OptimizerParamGroup(
+          {make_params(26)[0]},
+          std::make_unique<FusedSGDOptions>(FusedSGDOptions(0.1).kahan_summation(true)))),
+      Contains("this group has none (its parameters are Float)"));
+  CHECK(opt.param_groups().size() == 3);
+  CHECK(sgd.param_groups().size() == 2);
+}
+
+TEST_CASE("A group added through LibTorch's base class is refused at the next step", "[optim]") {
+  // torch::optim::Optimizer::add_param_group is not virtual: called through a base reference it
+  // replaces amp's options with the defaults. The step says so instead of training with them.
+  auto params = make_params(27);
+  FusedAdamW opt({params[0]}, FusedAdamWOptions(0.02));
+  torch::optim::Optimizer& base = opt;
+  base.add_param_group(torch::optim::OptimizerParamGroup(
+      {params[1]}, std::make_unique<FusedAdamWOptions>(FusedAdamWOptions(0.5))));
+  set_grads(params, 0);
+  const auto before = params[0].detach().clone();
+  CHECK_THROWS_WITH(opt.step(),
+                    Contains("FusedAdamW: param group 1 was added through "
+                             "torch::optim::Optimizer::add_param_group") &&
+                        Contains("call add_param_group on the FusedAdamW itself"));
+  CHECK(same_bits(params[0].detach(), before));  // nothing stepped
+}
+
+TEST_CASE("A parameter listed twice is stepped once, and one in two groups is refused", "[optim]") {
+  // LibTorch's Module::parameters() lists a submodule registered under two names twice (Python's
+  // deduplicates). Stepping it twice would apply two updates (and race on CUDA).
+  auto shared = torch::nn::Linear(3, 2);
+  auto model = std::make_shared<torch::nn::Module>();
+  model->register_module("a", shared);
+  model->register_module("b", shared);
+  auto listed = model->parameters();
+  REQUIRE(listed.size() == 4);  // weight, bias, weight, bias
+  auto once = clones({shared->weight, shared->bias});
+
+  FusedAdamW twice_listed(listed, FusedAdamWOptions(0.1));
+  FusedAdamW reference(once, FusedAdamWOptions(0.1));
+  CHECK(twice_listed.param_groups()[0].params().size() == 2);
+  for (int k = 0; k < 3; ++k) {
+    set_grads(once, k);
+    shared->weight.mutable_grad() = once[0].grad().clone();
+    shared->bias.mutable_grad() = once[1].grad().clone();
+    twice_listed.step();
+    reference.step();
+  }
+  CHECK(same_bits(shared->weight.detach(), once[0].detach()));
+  CHECK(same_bits(shared->bias.detach(), once[1].detach()));
+
+  // In two groups: which options would apply is ambiguous, as in Python, which refuses it too.
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{shared->weight});
+  groups.emplace_back(std::vector<torch::Tensor>{shared->bias, shared->weight});
+  CHECK_THROWS_WITH(FusedSGD(groups, FusedSGDOptions(0.1)),
+                    Contains("FusedSGD: parameter 1 of group 1 is also parameter 0 of group 0") &&
+                        Contains("List each parameter in one group only"));
+  FusedSGD sgd({shared->weight}, FusedSGDOptions(0.1));
+  CHECK_THROWS_WITH(sgd.add_param_group(torch::optim::OptimizerParamGroup({shared->weight})),
+                    Contains("parameter 0 of group 1 is also parameter 0 of group 0"));
+}

@@ -570,3 +570,32 @@ TEST_CASE("LBFGS needs a closure, which an enabled scaler refuses and a disabled
   CHECK(result.read_taken());
   CHECK(result.loss.item<float>() == 2.0f);
 }
+
+TEST_CASE("A parameter listed twice is unscaled once and counted once in the clipping norm",
+          "[scaler]") {
+  // LibTorch's Module::parameters() lists a submodule registered under two names twice; an
+  // optimizer built from it holds the same tensor twice. Unscaling it twice would divide its
+  // gradient by scale^2.
+  auto shared = torch::nn::Linear(3, 2);
+  auto model = std::make_shared<torch::nn::Module>();
+  model->register_module("encoder", shared);
+  model->register_module("decoder", shared);
+  REQUIRE(model->parameters().size() == 4);
+  torch::optim::SGD optimizer(model->parameters(), 0.0);
+  auto scaler = cpu_scaler(GradScalerOptions().init_scale(8.0));
+  scaler.scale(torch::ones({}));
+  set_grad(shared->weight, torch::full({2, 3}, 8.0));
+  set_grad(shared->bias, torch::full({2}, 8.0));
+  scaler.unscale_(optimizer);
+  CHECK(torch::equal(shared->weight.grad(), torch::ones({2, 3})));
+  CHECK(torch::equal(shared->bias.grad(), torch::ones({2})));
+  scaler.update();
+
+  // The norm of unscale_and_clip_ sees each gradient once: sqrt(6 + 2) ones.
+  scaler.scale(torch::ones({}));
+  set_grad(shared->weight, torch::full({2, 3}, 8.0));
+  set_grad(shared->bias, torch::full({2}, 8.0));
+  const double norm = scaler.unscale_and_clip_(optimizer, 1000.0).item<double>();
+  CHECK(norm == Approx(std::sqrt(8.0)).epsilon(1e-6));
+  CHECK(torch::equal(shared->bias.grad(), torch::ones({2})));
+}
