@@ -283,8 +283,11 @@ class AMP_DISTRIBUTED_EXPORT DistributedDataParallel {
     bool previous_;
   };
   /// A guard under which forwards and backwards accumulate gradients without communication (see
-  /// NoSync): `{ auto guard = ddp.no_sync(); ... }`. Throws c10::Error when entered between a
-  /// synced forward and its backward, which would still all-reduce.
+  /// NoSync): `{ auto guard = ddp.no_sync(); ... }`. A synced forward whose backward never ran
+  /// and no longer can (its outputs and everything computed from them are gone: an evaluation
+  /// forward with grad mode on, a batch dropped after a non-finite loss) is given up, so the
+  /// guard's backwards stay local. Throws c10::Error when that backward can still run (its
+  /// outputs or loss are alive), because it would all-reduce even inside the guard.
   [[nodiscard]] NoSync no_sync();
 
   /// Replaces the options' comm_hook by `hook` (a c10d::CppCommHookInterface of yours; include
@@ -318,6 +321,9 @@ class AMP_DISTRIBUTED_EXPORT DistributedDataParallel {
   void release_parameters() noexcept;
   void begin_forward();
   std::vector<at::Tensor> end_forward(std::vector<at::Tensor> outputs);
+  // When the Reducer still expects the backward of a synced forward: gives it up and returns
+  // false if its graph is gone, returns true if that backward can still run.
+  bool abandon_dead_backward();
 
   std::shared_ptr<torch::nn::Module> module_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
@@ -329,6 +335,8 @@ class AMP_DISTRIBUTED_EXPORT DistributedDataParallel {
   bool forwarded_ = false;
   bool require_backward_grad_sync_ = true;
   bool require_forward_param_sync_ = true;
+  // Whether the last synced forward's graph is still alive, one check per output.
+  std::vector<std::function<bool()>> pending_graph_;
   // Set by the first static_graph backward (when its delayed all-reduce is queued), as Python's
   // _static_graph_delay_allreduce_enqueued.
   std::shared_ptr<std::atomic<bool>> static_graph_delay_queued_ =

@@ -153,7 +153,12 @@ struct DdpSink : torch::autograd::Function<DdpSink> {
                                                 c10::intrusive_ptr<OnBackward> on_backward) {
     ctx->set_materialize_grads(false);
     ctx->saved_data["on_backward"] = c10::IValue::make_capsule(std::move(on_backward));
-    return outputs.vec();
+    // Clones, as Python's sink returns: an input returned as it is comes back as a view of it,
+    // and autograd then refuses in-place changes (`loss /= accumulation;`).
+    torch::autograd::variable_list passed;
+    passed.reserve(outputs.size());
+    for (const auto& output : outputs) passed.push_back(output.clone());
+    return passed;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -181,12 +186,37 @@ struct DdpSink : torch::autograd::Function<DdpSink> {
 }
 
 // c10d's Reducer, plus whether a synced forward is still waiting for its backward (the flag
-// prepare_for_backward sets and finalize_backward clears), for the no_sync() misuse check.
+// prepare_for_backward sets and finalize_backward clears) and a way to give that backward up.
 class ObservedReducer final : public c10d::Reducer {
  public:
   using c10d::Reducer::Reducer;
-  bool backward_pending() const { return expect_autograd_hooks_; }
+  bool backward_pending() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return expect_autograd_hooks_;
+  }
+  // The synced forward's backward can no longer run (its graph is gone): its gradients' hooks
+  // stop counting, as if it had never been prepared. The next prepare_for_backward resets the
+  // rest, as after any iteration.
+  void abandon_pending_backward() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    expect_autograd_hooks_ = false;
+  }
 };
+
+ObservedReducer& observed(const std::shared_ptr<c10d::Reducer>& reducer) {
+  return static_cast<ObservedReducer&>(*reducer);
+}
+
+// A weak reference to an autograd node, for LibTorch versions whose nodes are shared_ptr (2.11)
+// and those whose nodes are intrusive_ptr (2.14).
+template <typename T>
+std::function<bool()> alive_while(const std::shared_ptr<T>& node) {
+  return [weak = std::weak_ptr<T>(node)] { return !weak.expired(); };
+}
+template <typename T>
+std::function<bool()> alive_while(const c10::intrusive_ptr<T>& node) {
+  return [weak = c10::weak_intrusive_ptr<T>(node)] { return !weak.expired(); };
+}
 
 }  // namespace
 
@@ -382,11 +412,34 @@ std::vector<std::vector<size_t>> DistributedDataParallel::buckets() const {
 
 DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp)
     : ddp_(ddp), previous_(ddp.require_backward_grad_sync_) {
-  TORCH_CHECK(!static_cast<const ObservedReducer&>(*ddp_.reducer_).backward_pending(), kWho,
-              ": no_sync() was entered between a synced forward and its backward, which would "
-              "still all-reduce. Enter no_sync() before the forward: { auto guard = "
+  // PyTorch's Reducer learns a static graph from the first backward and all-reduces it when it
+  // ends; under no_sync that backward fails inside the Reducer (an internal assert in Python).
+  TORCH_CHECK(!ddp_.options_.static_graph() || *ddp_.static_graph_delay_queued_, kWho,
+              ": no_sync() was entered before the first backward of a static_graph model. "
+              "static_graph learns the graph (and reduces the gradients) in the first synced "
+              "iteration; run the first forward and backward outside no_sync(), then accumulate.");
+  TORCH_CHECK(!ddp_.abandon_dead_backward(), kWho,
+              ": no_sync() was entered while the backward of a synced forward can still run (its "
+              "outputs, or a loss computed from them, are alive), and that backward would "
+              "all-reduce even inside no_sync(). Run that backward before entering no_sync(), "
+              "or release those tensors (for example loss = at::Tensor()) if it will never run; "
+              "for accumulation, enter no_sync() before the forward: { auto guard = "
               "ddp.no_sync(); ddp.forward(...); backward(); }.");
   ddp_.require_backward_grad_sync_ = false;
+}
+
+bool DistributedDataParallel::abandon_dead_backward() {
+  auto& reducer = observed(reducer_);
+  if (!reducer.backward_pending()) return false;
+  for (const auto& alive : pending_graph_) {
+    if (alive()) return true;
+  }
+  // A synced forward whose backward never ran (an evaluation forward with grad mode on, a batch
+  // dropped after a non-finite loss) and never can: Python's wrapper would let the next backward,
+  // even one inside no_sync(), all-reduce for it; here that expectation is dropped.
+  reducer.abandon_pending_backward();
+  pending_graph_.clear();
+  return false;
 }
 
 DistributedDataParallel::NoSync::~NoSync() { ddp_.require_backward_grad_sync_ = previous_; }
@@ -395,6 +448,9 @@ DistributedDataParallel::NoSync DistributedDataParallel::no_sync() { return NoSy
 
 void DistributedDataParallel::begin_forward() {
   const bool grad = at::GradMode::is_enabled();
+  // A synced forward whose backward can no longer run is given up before this forward prepares
+  // (the buckets' rebuild refuses to run while a backward is expected).
+  abandon_dead_backward();
   if (grad && require_backward_grad_sync_) {
     // The options' hook, unless the user registered one: at the first forward that prepares a
     // backward, so an evaluation forward first still allows register_comm_hook.
@@ -477,6 +533,19 @@ std::vector<at::Tensor> DistributedDataParallel::end_forward(std::vector<at::Ten
       auto passed = DdpSink::apply(at::TensorList(graph_outputs),
                                    c10::make_intrusive<OnBackward>(std::move(on_backward)));
       for (size_t k = 0; k < through.size(); ++k) outputs[through[k]] = passed[k];
+    }
+  }
+  if (grad && require_backward_grad_sync_) {
+    // What keeps this forward's backward possible: the outputs' graph nodes (a leaf output's
+    // gradient accumulator), held by the outputs and anything computed from them.
+    pending_graph_.clear();
+    for (const auto& output : outputs) {
+      if (!output.defined() || !output.requires_grad()) continue;
+      if (output.grad_fn()) {
+        pending_graph_.push_back(alive_while(output.grad_fn()));
+      } else {
+        pending_graph_.push_back(alive_while(torch::autograd::impl::grad_accumulator(output)));
+      }
     }
   }
   return outputs;

@@ -289,8 +289,10 @@ TEST_CASE("DistributedDataParallel's misuse ends in a sentence on every rank, wi
     INFO(describe(results));
     for (const auto& r : results) {
       CHECK(r.status == 1);
-      CHECK_THAT(r.err, Catch::Contains("no_sync() was entered between a synced forward and its "
-                                        "backward, which would still all-reduce"));
+      CHECK_THAT(r.err, Catch::Contains("no_sync() was entered while the backward of a synced "
+                                        "forward can still run") &&
+                            Catch::Contains("that backward would all-reduce even inside "
+                                            "no_sync()"));
     }
   }
 }
@@ -539,6 +541,117 @@ TEST_CASE("With find_unused_parameters, an output the loss leaves out does not s
     CHECK(torch::equal(a.grad(), torch::full({2}, 2.0f)));
     CHECK_FALSE(b.grad().defined());
   }
+}
+
+// A comm hook of the user's that counts the buckets sent (one rank: the sum is the bucket itself).
+class CountingHook final
+    : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
+ public:
+  CountingHook(c10::intrusive_ptr<c10d::ProcessGroup> group, std::shared_ptr<int> sent)
+      : CppCommHookInterface(std::move(group)), sent_(std::move(sent)) {}
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    ++*sent_;
+    std::vector<at::Tensor> tensors{bucket.getBufferRef()};
+    return state_->allreduce(tensors)->getFuture();
+  }
+
+ private:
+  std::shared_ptr<int> sent_;
+};
+
+TEST_CASE("The outputs of DistributedDataParallel::forward can be modified in place",
+          "[distributed][ddp]") {
+  // With find_unused_parameters (every iteration) or static_graph (the first) the outputs pass
+  // through DDP's sink; Python's sink returns clones so that `loss /= accumulation` works.
+  const std::string mode = GENERATE("find_unused_parameters", "static_graph", "plain");
+  CAPTURE(mode);
+  amp_test::TempDir dir("distributed_in_place");
+  auto group = single_rank_group(dir);
+  auto module = std::make_shared<Weights>(at::full({3}, 2.0f));
+  dist::DistributedDataParallel ddp(module, group,
+                                    dist::DistributedDataParallelOptions()
+                                        .find_unused_parameters(mode == "find_unused_parameters")
+                                        .static_graph(mode == "static_graph"));
+  for (int iteration = 0; iteration < 2; ++iteration) {
+    ddp.zero_grad();
+    at::Tensor loss = ddp.forward([&] { return (module->w * module->w).sum(); });
+    loss /= 4;  // gradient accumulation over 4 micro-batches
+    auto outputs = ddp.forward([&] { return std::vector<at::Tensor>{module->w * 3}; });
+    outputs[0].mul_(2);
+    (loss + outputs[0].sum()).backward();
+    // d/dw (w^2 / 4 + 6 w) = w / 2 + 6 = 7.
+    CHECK(torch::equal(module->w.grad(), at::full({3}, 7.0f)));
+  }
+}
+
+TEST_CASE("After a synced forward whose backward never ran, no_sync() and later steps proceed",
+          "[distributed][ddp]") {
+  // A validation forward through ddp.forward with grad mode on, or a batch dropped after a
+  // non-finite loss, leaves the Reducer waiting for a backward that never comes. Once its
+  // outputs are gone that backward can never run: no_sync() must work, and its backward must stay
+  // local. While they live, the backward could still run and all-reduce: no_sync() refuses.
+  const bool find_unused = GENERATE(false, true);
+  CAPTURE(find_unused);
+  amp_test::TempDir dir("distributed_abandoned_forward");
+  auto group = single_rank_group(dir);
+  auto module = std::make_shared<Weights>(at::full({2}, 1.0f));
+  dist::DistributedDataParallel ddp(
+      module, group, dist::DistributedDataParallelOptions().find_unused_parameters(find_unused));
+  auto sent = std::make_shared<int>(0);
+  ddp.register_comm_hook(std::make_unique<CountingHook>(group, sent));
+  const auto forward = [&] { return ddp.forward([&] { return (module->w * 2).sum(); }); };
+
+  for (int step = 0; step < 3; ++step) {
+    CAPTURE(step);
+    ddp.zero_grad();
+    { const at::Tensor validation = forward(); }  // grad mode on, never backpropagated
+    const int before = *sent;
+    {
+      auto guard = ddp.no_sync();
+      forward().backward();  // accumulates locally
+    }
+    CHECK(*sent == before);
+    forward().backward();  // synced: reduces the accumulated gradient
+    CHECK(*sent == before + 1);
+    CHECK(torch::equal(module->w.grad(), at::full({2}, 4.0f)));
+  }
+  // A dropped synced forward followed by another synced one: the later backward reduces.
+  { const at::Tensor dropped = forward(); }
+  ddp.zero_grad();
+  forward().backward();
+  CHECK(torch::equal(module->w.grad(), at::full({2}, 2.0f)));
+
+  // The refusal stays where it is true: the synced forward's loss is alive.
+  at::Tensor pending = forward();
+  CHECK_THROWS_WITH(ddp.no_sync(),
+                    Catch::Contains("no_sync() was entered while the backward of a synced forward can "
+                             "still run") &&
+                        Catch::Contains("release those tensors"));
+  pending = at::Tensor();  // the graph is gone: the backward can no longer run
+  {
+    auto guard = ddp.no_sync();
+    forward().backward();
+  }
+}
+
+TEST_CASE("A static_graph model's first iteration must be synced before no_sync()",
+          "[distributed][ddp]") {
+  // Python's Reducer fails there with an internal assert; amp says what to do instead.
+  amp_test::TempDir dir("distributed_static_no_sync");
+  auto group = single_rank_group(dir);
+  auto module = std::make_shared<Weights>(at::full({2}, 1.0f));
+  dist::DistributedDataParallel ddp(module, group,
+                                    dist::DistributedDataParallelOptions().static_graph(true));
+  CHECK_THROWS_WITH(ddp.no_sync(),
+                    Catch::Contains("no_sync() was entered before the first backward of a "
+                                    "static_graph model") &&
+                        Catch::Contains("run the first forward and backward outside no_sync()"));
+  ddp.forward([&] { return module->w.sum(); }).backward();
+  {
+    auto guard = ddp.no_sync();
+    ddp.forward([&] { return module->w.sum(); }).backward();
+  }
+  CHECK(torch::equal(module->w.grad(), at::full({2}, 2.0f)));
 }
 
 TEST_CASE("gradient_as_bucket_view makes gradients views that DDP's zero_grad clears",
