@@ -1,10 +1,11 @@
 // Low-precision weights: bytes per parameter (from the tensors, and on the CPU from peak RSS in a
 // process of its own) and optimizer step time of FusedAdamW on a 25M-parameter MLP, fp32 against
-// bf16 with master weights, Kahan summation, stochastic rounding and plain bf16.
+// bf16 with master weights, Kahan summation, stochastic rounding (each with float32 moments, the
+// default, and Kahan and SR also with the compact bfloat16 moments) and plain bf16.
 //
 // Usage: amp_low_precision_bench time [rounds] [cpu|cuda]   all modes side by side, one process
 //        amp_low_precision_bench rss MODE                     one mode; peak RSS growth per param
-// MODE: fp32, master, kahan, sr, plain.
+// MODE: fp32, master, kahan, kahan-bf16, sr, sr-bf16, plain.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -24,14 +25,19 @@ namespace {
 using amp::optim::FusedAdamW;
 using amp::optim::FusedAdamWOptions;
 
-const std::vector<std::string> kModes = {"fp32", "master", "kahan", "sr", "plain"};
+// kahan and sr keep float32 moments (the default); kahan-bf16 and sr-bf16 the compact bfloat16
+// ones (state_dtype(kBFloat16)), which lose Adam's small second-moment updates.
+const std::vector<std::string> kModes = {"fp32",  "master",     "kahan",  "kahan-bf16",
+                                         "sr",    "sr-bf16",    "plain"};
 
 // Bytes each step reads and writes per parameter (params, grads, state; the step counts aside).
 double bytes_moved(const std::string& mode) {
-  if (mode == "fp32") return 28;   // read p g m v (16), write p m v (12)
-  if (mode == "master") return 28; // read master g m v (14), write master p m v (14)
-  if (mode == "kahan") return 18;  // read p g m v c (10), write p m v c (8)
-  return 14;                       // sr, plain: read p g m v (8), write p m v (6)
+  if (mode == "fp32") return 28;        // read p g m v (16), write p m v (12)
+  if (mode == "master") return 28;      // read master g m v (14), write master p m v (14)
+  if (mode == "kahan") return 26;       // read p g m v c (14), write p m v c (12)
+  if (mode == "kahan-bf16") return 18;  // read p g m v c (10), write p m v c (8)
+  if (mode == "sr") return 22;          // read p g m v (12), write p m v (10)
+  return 14;                            // sr-bf16, plain: read p g m v (8), write p m v (6)
 }
 
 // kB of the named line ("VmRSS:", "VmHWM:") of /proc/self/status.
@@ -57,10 +63,13 @@ struct Setup {
     model = amp_bench::make_mlp({2048, 4096, 4096});
     model->to(device);
     if (mode != "fp32") amp::to_low_precision(*model, torch::kBFloat16);
+    const bool compact = mode.size() > 5 && mode.substr(mode.size() - 5) == "-bf16";
+    const std::string kind = compact ? mode.substr(0, mode.size() - 5) : mode;
     auto options = FusedAdamWOptions(1e-4)
-                       .master_weights(mode == "master")
-                       .kahan_summation(mode == "kahan")
-                       .stochastic_rounding(mode == "sr");
+                       .master_weights(kind == "master")
+                       .kahan_summation(kind == "kahan")
+                       .stochastic_rounding(kind == "sr");
+    if (compact) options.state_dtype(torch::kBFloat16);
     optimizer = std::make_unique<FusedAdamW>(model->parameters(), options);
     for (auto& p : model->parameters()) {
       params += p.numel();
@@ -120,14 +129,14 @@ int time_modes(int rounds, torch::Device device) {
               device.str().c_str(), static_cast<long long>(setups[0]->params),
               torch::get_num_threads(), rounds, amp_bench::cpu_model().c_str());
   std::printf("copy bandwidth (read+write): %.2f GB/s\n", bandwidth / 1e9);
-  std::printf("%-7s %10s %26s %10s %12s %14s\n", "mode", "B/param", "median ms [95% CI]", "fp32/mode",
+  std::printf("%-10s %10s %26s %10s %12s %14s\n", "mode", "B/param", "median ms [95% CI]", "fp32/mode",
               "moved B/p", "of bandwidth");
   for (size_t i = 0; i < setups.size(); ++i) {
     const auto ci = amp_bench::median_ci(times[i]);
     const auto ratio = amp_bench::median(amp_bench::ratios(times[0], times[i]));
     const double med = amp_bench::median(times[i]);
     const double moved = bytes_moved(setups[i]->mode) * setups[i]->params;
-    std::printf("%-7s %10.2f %8.3f [%7.3f,%7.3f] %9.2fx %12.0f %13.0f%%\n",
+    std::printf("%-10s %10.2f %8.3f [%7.3f,%7.3f] %9.2fx %12.0f %13.0f%%\n",
                 setups[i]->mode.c_str(), setups[i]->tensor_bytes() / setups[i]->params,
                 med * 1e3, ci.first * 1e3, ci.second * 1e3, ratio,
                 bytes_moved(setups[i]->mode), 100.0 * moved / med / bandwidth);
@@ -141,7 +150,7 @@ int peak_rss(const std::string& mode) {
   setup.step_seconds();
   setup.step_seconds();
   const double peak = status_kb("VmHWM:");
-  std::printf("%-7s tensors %.2f B/param, peak RSS growth %.2f B/param (%lld parameters)\n",
+  std::printf("%-10s tensors %.2f B/param, peak RSS growth %.2f B/param (%lld parameters)\n",
               mode.c_str(), setup.tensor_bytes() / setup.params,
               (peak - before) * 1024.0 / setup.params, static_cast<long long>(setup.params));
   return 0;

@@ -89,6 +89,15 @@ constexpr std::array kLowPrecision = {
     LowPrecisionChoice{"sr", "stochastic rounding"},
 };
 
+/// A value of --state-dtype: the dtype of FusedAdamW's moments under --low-precision.
+struct StateDtypeChoice {
+  std::string_view name;
+  c10::ScalarType dtype;
+};
+
+constexpr std::array kStateDtypes = {StateDtypeChoice{"fp32", c10::kFloat},
+                                     StateDtypeChoice{"bf16", c10::kBFloat16}};
+
 /// The program's settings and their defaults.
 struct Settings {
   std::filesystem::path data_dir = "/usr/share/datasets/fashion-mnist";
@@ -102,6 +111,7 @@ struct Settings {
   OptimizerChoice optimizer = kOptimizers[1];  // fused-adamw
   WeightsChoice weights = kWeights[0];                   // fp32
   LowPrecisionChoice low_precision = kLowPrecision[0];  // none (only with --weights bf16)
+  StateDtypeChoice state_dtype = kStateDtypes[0];       // fp32, the library's default
   double lr = 1e-3;
   double weight_decay = 0.01;
   std::int64_t warmup_steps = 100;
@@ -186,6 +196,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tenso
                                    .master_weights(mode == "master")
                                    .kahan_summation(mode == "kahan")
                                    .stochastic_rounding(mode == "sr")
+                                   .state_dtype(mode == "none"
+                                                    ? std::nullopt
+                                                    : std::optional(settings.state_dtype.dtype))
                                    .rounding_seed(settings.seed));
   }
   return std::make_unique<torch::optim::AdamW>(
@@ -274,6 +287,7 @@ std::vector<amp_examples::CheckpointSetting> resume_keys(const Settings& setting
           {"--optimizer", std::string(settings.optimizer.name), std::string("adamw")},
           {"--weights", std::string(settings.weights.name), std::string("fp32")},
           {"--low-precision", std::string(settings.low_precision.name), std::string("none")},
+          {"--state-dtype", std::string(settings.state_dtype.name), std::string("fp32")},
           {"--fp8-recipe", settings.fp8_recipe, std::string("tensorwise")},
           {"batch-size", settings.batch_size},
           {"accumulate", settings.accumulate},
@@ -329,7 +343,10 @@ void run(const Settings& settings) {
       settings.epochs, settings.batch_size, settings.accumulate, steps, settings.optimizer.label,
       settings.lr, settings.warmup_steps, settings.weight_decay, settings.clip, settings.seed);
   if (settings.weights.bf16) {
-    fmt::print("weights: bf16, updates kept by {}\n", settings.low_precision.label);
+    fmt::print("weights: bf16, updates kept by {}{}\n", settings.low_precision.label,
+               settings.low_precision.name == "none"
+                   ? ""
+                   : fmt::format(", {} moments", settings.state_dtype.name));
   }
 
   // The weights come from the seeded default generator on the CPU, then move, so every device
@@ -425,6 +442,10 @@ amp_examples::CommandLine make_command_line(Settings& s) {
                         "with --weights bf16: how FusedAdamW keeps small updates (fp32 master "
                         "weights, Kahan summation, stochastic rounding, or none)",
                         kLowPrecision, s.low_precision);
+  cli.add_choice_option("state-dtype",
+                        "with --low-precision: FusedAdamW's moments in fp32 (keeps every update "
+                        "of the state) or bf16 (4 bytes a parameter less)",
+                        kStateDtypes, s.state_dtype);
   amp_examples::add_precision_option(cli, s.precision, /*float8=*/true);
   amp_examples::add_fp8_recipe_option(cli, s.fp8_recipe);
   amp_examples::add_device_option(cli, s.device);
@@ -452,6 +473,11 @@ void check_weights(const Settings& s) {
     throw amp_examples::UsageError("--low-precision " + std::string(s.low_precision.name) +
                                    " is an option of amp's FusedAdamW; use --optimizer "
                                    "fused-adamw.");
+  }
+  if (s.state_dtype.name != "fp32" && !low) {
+    throw amp_examples::UsageError("--state-dtype " + std::string(s.state_dtype.name) +
+                                   " sets the moments' dtype of --low-precision master, kahan "
+                                   "or sr; add one of them.");
   }
   amp_examples::check_fp8_recipe(s.fp8_recipe, s.precision);
   if (s.weights.bf16 && s.precision.name != "bf16") {

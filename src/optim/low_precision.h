@@ -47,8 +47,10 @@ std::optional<LowPrecisionPlan> low_precision_plan(const Options& o, c10::Scalar
   if (o.master_weights()) write_back = WriteBack::kMasterWeights;
   if (o.kahan_summation()) write_back = WriteBack::kKahan;
   if (o.stochastic_rounding()) write_back = WriteBack::kStochastic;
-  const c10::ScalarType fallback = o.master_weights() ? c10::kFloat : dtype;
-  return LowPrecisionPlan{write_back, o.state_dtype().value_or(fallback)};
+  // float32 moments unless asked otherwise, whatever the write-back: in bf16, Adam's second
+  // moment stops moving once 0.001 * (g^2 - v) is below half its rounding step, and every later
+  // update is too large (docs/GUIDE.md, "Which state dtype").
+  return LowPrecisionPlan{write_back, o.state_dtype().value_or(c10::kFloat)};
 }
 
 /// The dtype of a parameter's state tensors under `o`.
@@ -71,8 +73,7 @@ void check_low_precision_options(const Options& o, const std::string& where) {
   if (const auto dtype = o.state_dtype()) {
     TORCH_CHECK(*dtype == c10::kFloat || *dtype == c10::kBFloat16 || *dtype == c10::kHalf, where,
                 ": state_dtype must be Float, BFloat16 or Half. Got state_dtype=", *dtype,
-                "; leave it unset for float32 with master weights and the parameter's dtype "
-                "otherwise.");
+                "; leave it unset for float32.");
   }
   TORCH_CHECK(!o.capturable() || !wants_low_precision(o), where,
               ": capturable(true) cannot be combined with master_weights, kahan_summation, "

@@ -24,6 +24,15 @@ foreach(_recipe IN ITEMS tensorwise rowwise delayed)
     SKIP_IF "rowwise scales on the CPU need a LibTorch whose CPU at::_scaled_mm takes them"
     ARGS ${_mlp_args} --epochs 2 --precision fp8 --fp8-recipe ${_recipe})
 endforeach()
+# bf16 weights with Kahan summation and the compact bf16 moments (--state-dtype; fp32 is the
+# library's default) learn the fixture too; --state-dtype alone is a usage error.
+amp_example_run(mlp_fashion learns_the_fixture_with_bf16_weights_and_moments EXIT 0 EPOCHS 2
+  MIN_ACCURACY 90
+  OUTPUT "weights: bf16, updates kept by Kahan summation, bf16 moments\n.*epoch 2/2: "
+  ARGS ${_mlp_args} --epochs 2 --weights bf16 --low-precision kahan --state-dtype bf16)
+amp_example_run(mlp_fashion rejects_a_state_dtype_without_low_precision EXIT 2
+  OUTPUT "mlp_fashion: error: --state-dtype bf16 sets the moments' dtype of --low-precision master, kahan or sr; add one of them."
+  ARGS ${_mlp_args} --state-dtype bf16)
 amp_example_run(mlp_fashion rejects_an_fp8_recipe_without_fp8 EXIT 2
   OUTPUT "mlp_fashion: error: --fp8-recipe rowwise applies to --precision fp8 \\(got --precision bf16\\)"
   ARGS ${_mlp_args} --fp8-recipe rowwise)

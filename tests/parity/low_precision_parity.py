@@ -17,8 +17,7 @@ from low_precision_reference import LowPrecisionOptimizer
 from optim_parity import compare_runs, run_reference
 from scaler_parity import DTYPES, make_inputs, scenario_config
 
-# mode: nearest, master, kahan or sr. state_dtype: "" (the default: float32 with master weights,
-# the parameter's dtype otherwise) or a dtype name. resume_at: the C++ run saves its optimizer
+# mode: nearest, master, kahan or sr. state_dtype: "" (the default: float32) or a dtype name. resume_at: the C++ run saves its optimizer
 # before that step and continues in a new one loaded from the checkpoint.
 DEFAULTS = dict(device="cpu", optimizer="adamw", steps=10, autocast="none",
                 param_dtype="bfloat16", scaler="none", init_scale=1024.0, growth_interval=3,
@@ -30,6 +29,9 @@ SCENARIOS = {
     "adamw_bf16_master": dict(mode="master"),
     "adamw_bf16_kahan": dict(mode="kahan", steps=12),
     "adamw_bf16_sr": dict(mode="sr", seed=7),
+    "adamw_bf16_kahan_bf16_state": dict(mode="kahan", state_dtype="bfloat16", steps=12),
+    "sgd_bf16_sr_bf16_state": dict(optimizer="sgd", mode="sr", lr=0.05, momentum=0.9,
+                                   state_dtype="bfloat16", seed=5),
     "adamw_bf16_nearest_fp32_state": dict(mode="nearest", state_dtype="float32"),
     "adam_amsgrad_bf16_kahan_fp32_state": dict(optimizer="adam", mode="kahan",
                                                state_dtype="float32", amsgrad=1,
@@ -64,7 +66,7 @@ def make_optimizer(config, params):
     assert config["lr2"] <= 0, "one param group in these scenarios"
     state_dtype = DTYPES.get(config["state_dtype"])
     if state_dtype is None:
-        state_dtype = torch.float32 if config["mode"] == "master" else DTYPES[config["param_dtype"]]
+        state_dtype = torch.float32
     return LowPrecisionOptimizer(
         params, config["optimizer"], config["mode"], state_dtype, lr=config["lr"],
         betas=(config["beta1"], config["beta2"]), eps=config["eps"],
