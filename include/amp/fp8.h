@@ -181,10 +181,13 @@ struct AMP_EXPORT Float8LinearOptions {
 /// multiplies again, as torchao's Float8Linear does op for op: the output has the input's dtype,
 /// or under CPU autocast the autocast dtype; with CUDA autocast on, the input is first cast to the
 /// CUDA autocast dtype (torchao's rule). The bias is added in the output's dtype. Outside a region
-/// it is torch::nn::functional::linear.
+/// it is torch::nn::functional::linear. Any layout of the input works (a permuted input gives the
+/// bits of its contiguous copy); an input with no rows returns the empty result without casting
+/// (zero parameter gradients, delayed histories untouched). The backward computes grad_weight
+/// only for a weight that requires grad and grad_input only for an input that does.
 /// Errors (c10::Error): an input that is not float32/bfloat16/float16 or whose last dim is not
-/// in_features; on CUDA, a dimension not divisible by 16 (at::_scaled_mm's rule; the message names
-/// the layer and the dimension).
+/// in_features; on CUDA, in_features or out_features not divisible by 16, or the rows when the
+/// weight trains (at::_scaled_mm's rule; the message names the layer and the dimension).
 class AMP_EXPORT Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
  public:
   /// A tensorwise layer with a bias, initialised as torch::nn::Linear(in_features, out_features).
@@ -239,7 +242,8 @@ using ModuleFilter =
     std::function<bool(const std::string& name, const torch::nn::LinearImpl& linear)>;
 
 /// Replaces every torch::nn::Linear below `module` that `filter` accepts (all when unset) with a
-/// Float8Linear sharing its parameters, in the module tree and in the containers that hold it
+/// Float8Linear sharing its parameters (each keeps its requires_grad flag: frozen stays frozen),
+/// in the module tree and in the containers that hold it
 /// (Sequential, ModuleList, ModuleDict), so forward() calls the new layer. Call it before building
 /// the optimizer. Returns the qualified names converted, in module order.
 /// A Linear that something else also holds (typically a `torch::nn::Linear fc{nullptr}` member of
