@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <vector>
@@ -53,18 +54,16 @@ void add_precision_option(CommandLine& cli, Precision& target, bool float8) {
 }
 
 void add_fp8_recipe_option(CommandLine& cli, std::string& target) {
-  cli.add_option("fp8-recipe", "{tensorwise,rowwise,rowwise_with_gw_hp,delayed}",
+  const auto& names = amp::fp8::Recipe::names();
+  cli.add_option("fp8-recipe", fmt::format("{{{}}}", fmt::join(names, ",")),
                  fmt::format("with --precision fp8: torchao's dynamic recipes or Transformer "
                              "Engine's delayed scaling (default {})",
                              target),
-                 [&target](std::string_view value) {
-                   try {
-                     amp::fp8::Recipe::from_name(std::string(value));
-                   } catch (const c10::Error&) {
+                 [&target, &names](std::string_view value) {
+                   if (std::find(names.begin(), names.end(), value) == names.end()) {
                      throw UsageError(fmt::format(
-                         "--fp8-recipe {} is not a recipe; use tensorwise, rowwise, "
-                         "rowwise_with_gw_hp or delayed",
-                         value));
+                         "--fp8-recipe {} is not a recipe; use {} or {}", value,
+                         fmt::join(names.begin(), names.end() - 1, ", "), names.back()));
                    }
                    target = std::string(value);
                  });

@@ -1,5 +1,6 @@
-// Umbrella header: what a training loop needs (autocast, custom functions, GradScaler, fused
-// optimizers). The low-level fused ops stay opt-in: include <amp/ops.h> for them.
+// Umbrella header: every public header of amp::amp but three, which stay opt-in:
+// <amp/ops.h> (the low-level fused ops), <amp/fp8.h> (float8 layers) and <amp/distributed.h>
+// (the separate amp::distributed library). This comment is the one statement of what it holds.
 #pragma once
 
 #include <amp/archive.h>
@@ -11,4 +12,5 @@
 #include <amp/info.h>
 #include <amp/low_precision.h>
 #include <amp/optim.h>
+#include <amp/scaler_hooks.h>
 #include <amp/version.h>

@@ -6,14 +6,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
-#include <unordered_map>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -41,13 +41,12 @@ namespace amp::distributed {
 namespace detail {
 // The tensors of a forward's output, for DistributedDataParallel::forward.
 template <typename T>
-inline constexpr bool kIsForwardOutput = std::is_same_v<T, at::Tensor> ||
-                                         std::is_same_v<T, std::vector<at::Tensor>>;
+inline constexpr bool kIsForwardOutput =
+    std::is_same_v<T, at::Tensor> || std::is_same_v<T, std::vector<at::Tensor>>;
 template <typename... T>
 inline constexpr bool kIsForwardOutput<std::tuple<T...>> = (kIsForwardOutput<T> && ...);
 template <typename A, typename B>
-inline constexpr bool kIsForwardOutput<std::pair<A, B>> =
-    kIsForwardOutput<A> && kIsForwardOutput<B>;
+inline constexpr bool kIsForwardOutput<std::pair<A, B>> = kIsForwardOutput<A>&& kIsForwardOutput<B>;
 
 inline void collect_tensors(at::Tensor& output, std::vector<at::Tensor*>& slots);
 inline void collect_tensors(std::vector<at::Tensor>& output, std::vector<at::Tensor*>& slots);

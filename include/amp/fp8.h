@@ -101,6 +101,9 @@ struct AMP_EXPORT Recipe {
   /// "tensorwise", "rowwise", "rowwise_with_gw_hp" or "delayed" (default options). Throws
   /// c10::Error naming the valid names for another.
   static Recipe from_name(const std::string& name);
+  /// The names from_name() accepts, in that order: the one list of them (programs build their
+  /// command-line choices from it).
+  static const std::vector<std::string>& names();
 
   /// One of the names from_name() accepts.
   std::string name;
@@ -251,8 +254,8 @@ using ModuleFilter =
 /// c10::Error naming it before changing anything; declare such a member as amp::fp8::Float8Linear
 /// instead (it computes as Linear outside a Float8AutocastGuard), or exclude it with `filter`.
 /// `module` itself is never replaced.
-AMP_EXPORT std::vector<std::string> convert_to_float8_training(torch::nn::Module& module,
-                                                               const Recipe& recipe = Recipe::tensorwise(),
-                                                               const ModuleFilter& filter = nullptr);
+AMP_EXPORT std::vector<std::string> convert_to_float8_training(
+    torch::nn::Module& module, const Recipe& recipe = Recipe::tensorwise(),
+    const ModuleFilter& filter = nullptr);
 
 }  // namespace amp::fp8

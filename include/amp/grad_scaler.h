@@ -2,12 +2,10 @@
 // extensions.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <memory>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -23,6 +21,7 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <amp/detail/concurrent_use.h>
 #include <amp/export.h>
 #include <amp/scaler_hooks.h>
 
@@ -142,55 +141,6 @@ struct AMP_EXPORT GradScalerCounters {
   /// Skipped iterations since the last clean one.
   int64_t consecutive_skips = 0;
 };
-
-namespace detail {
-/// Notices a GradScaler entered by two threads at once and refuses the second one with an error,
-/// where the unsynchronised accesses would otherwise corrupt its state. A thread may re-enter
-/// (a method calling another). Copying or moving gives a fresh, unused detector.
-class AMP_EXPORT ConcurrentUseDetector {
- public:
-  ConcurrentUseDetector() = default;
-  ConcurrentUseDetector(const ConcurrentUseDetector&) noexcept {}
-  ConcurrentUseDetector& operator=(const ConcurrentUseDetector&) noexcept { return *this; }
-
-  /// Marks the calling thread as inside `method` until destroyed. Throws c10::Error naming both
-  /// methods when another thread is inside.
-  class AMP_EXPORT Scope {
-   public:
-    Scope(ConcurrentUseDetector& detector, const char* method);
-    ~Scope();
-    Scope(const Scope&) = delete;
-    Scope& operator=(const Scope&) = delete;
-
-   private:
-    ConcurrentUseDetector& detector_;
-    bool owner_ = false;
-  };
-
- private:
-  std::atomic<std::thread::id> owner_{};
-  std::atomic<const char*> method_{nullptr};
-};
-
-/// One field of GradScalerOptions described as data. The code that saves and loads amp's
-/// extension keys and the code that compares options across ranks walk option_fields() instead
-/// of naming every field, so a new option is one member above and one row in
-/// src/scaler/option_fields.cpp.
-struct OptionField {
-  /// How the value is kept; every value travels as a double, which holds each one exactly.
-  enum class Kind { kFloat, kInt, kBool, kPolicy };
-  const char* name;  // the setter's name, as error messages print it
-  Kind kind;
-  const char* state_key;    // its own key in state_dict() (an extension key), or nullptr
-  bool saved_as_extension;  // away from its default, state_dict() writes amp's extension keys
-  double (*get)(const GradScalerOptions&);
-  void (*set)(GradScalerOptions&, double);
-};
-
-/// Every field of GradScalerOptions except found_inf_sync (a process-group handle, not a value):
-/// `enabled`, then the others in declaration order.
-AMP_EXPORT const std::vector<OptionField>& option_fields();
-}  // namespace detail
 
 /// Dynamic loss scaling for mixed-precision training, with the semantics of Python's
 /// torch.amp.GradScaler (same state machine, same errors, same update rule, same state_dict).

@@ -1,5 +1,6 @@
 // amp::distributed::DistributedDataParallel: Python's DDP wrapper around c10d::Reducer, in C++:
-// the construction-time checks and broadcast, the per-forward protocol, and amp's comm hooks.
+// the construction-time checks and broadcast, and the per-forward protocol (the comm hooks are in
+// ddp_comm_hooks.cpp, the outputs' sink in ddp_sink.cpp).
 #include <amp/distributed.h>
 
 #include <algorithm>
@@ -12,21 +13,21 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
-#include <torch/nn/modules/embedding.h>
 
 #include "distributed/collective.h"
+#include "distributed/ddp_parts.h"
 
 namespace amp::distributed {
 
 namespace {
 
-constexpr const char* kWho = "amp::distributed::DistributedDataParallel";
+constexpr const char* kWho = detail::kDdpName;
 // Python's DDP broadcasts the initial state in chunks of this many bytes.
 constexpr size_t kBroadcastBucketBytes = 250 * 1024 * 1024;
 constexpr double kBytesPerMiB = 1024.0 * 1024.0;
@@ -70,114 +71,14 @@ std::unordered_set<const c10::TensorImpl*>& wrapped_parameters() {
   return wrapped;
 }
 
-// One bucket's all-reduce, with Python's arithmetic for each CommHook, and failures rethrown as
-// a sentence naming the bucket and the rank.
-class AmpCommHook final : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
- public:
-  AmpCommHook(c10::intrusive_ptr<c10d::ProcessGroup> group, CommHook kind)
-      : CppCommHookInterface(std::move(group)), kind_(kind) {}
-
-  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
-    const int world = state_->getSize();
-    at::Tensor buffer = bucket.getBufferRef();
-    at::Tensor wire;
-    if (kind_ == CommHook::kAllReduce) {
-      // DDP without a hook scales each gradient by 1 / world as it enters the bucket; the same
-      // product, here on the whole bucket.
-      wire = buffer.mul_(1.0 / world);
-    } else {
-      // Divided in the transfer dtype before the sum, as Python's compression hooks do.
-      wire = buffer.to(kind_ == CommHook::kFp16Compress ? at::kHalf : at::kBFloat16).div_(world);
-    }
-    std::vector<at::Tensor> tensors{wire};
-    const std::string what = "the all-reduce of gradient bucket " +
-                             std::to_string(bucket.getIndex() + 1) + " (" +
-                             std::to_string(buffer.numel()) + " elements)";
-    c10::intrusive_ptr<c10d::Work> work;
-    try {
-      work = state_->allreduce(tensors);
-    } catch (const c10::Error& error) {
-      TORCH_CHECK(false, failure(what, "could not start", "", error.what_without_backtrace()));
-    }
-    c10::intrusive_ptr<c10::ivalue::Future> sent = work->getFuture();
-    // A child of the collective's future (the same devices, so CUDA streams are followed),
-    // completed here so that a failure carries the sentence.
-    c10::intrusive_ptr<c10::ivalue::Future> result = sent->createInstance(c10::TensorType::get());
-    const bool copy_back = !wire.is_same(buffer);
-    const std::string failed = failure(
-        what, "failed", " (a rank died, left, or did not take part within the group's timeout)",
-        "");
-    sent->addCallback([result, buffer, wire, copy_back, failed](c10::ivalue::Future& done) mutable {
-      // Runs on the backend's thread: nothing may escape, or backward would wait forever.
-      try {
-        if (done.hasError()) {
-          result->setError(std::make_exception_ptr(
-              c10::Error(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                         failed + done.tryRetrieveErrorMessage())));
-          return;
-        }
-        if (copy_back) buffer.copy_(wire);
-        result->markCompleted(c10::IValue(buffer));
-      } catch (...) {
-        if (!result->completed()) result->setError(std::current_exception());
-      }
-    });
-    return result;
-  }
-
- private:
-  // "<who>: <what> <verb> on rank r of w<why>: <detail>"
-  std::string failure(const std::string& what, const std::string& verb, const std::string& why,
-                      const std::string& detail) const {
-    return std::string(kWho) + ": " + what + " " + verb + " on rank " +
-           std::to_string(state_->getRank()) + " of " + std::to_string(state_->getSize()) + why +
-           ": " + detail;
-  }
-
-  CommHook kind_;
-};
-
-// Python's _DDPSink: the outputs pass through this node. With find_unused_parameters, an output
-// the loss does not use still gets an (undefined) gradient through it, so the parameters behind
-// it, which the graph search counted as used, report to the Reducer instead of being waited for.
-// In a static_graph model's first iteration its backward queues the Reducer's delayed all-reduce
-// to run when backward completes (how DDP learns the static graph).
-struct OnBackward : torch::CustomClassHolder {
-  explicit OnBackward(std::function<void()> run) : run(std::move(run)) {}
-  std::function<void()> run;  // may be empty
-};
-
-struct DdpSink : torch::autograd::Function<DdpSink> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                at::TensorList outputs,
-                                                c10::intrusive_ptr<OnBackward> on_backward) {
-    ctx->set_materialize_grads(false);
-    ctx->saved_data["on_backward"] = c10::IValue::make_capsule(std::move(on_backward));
-    // Clones, as Python's sink returns: an input returned as it is comes back as a view of it,
-    // and autograd then refuses in-place changes (`loss /= accumulation;`).
-    torch::autograd::variable_list passed;
-    passed.reserve(outputs.size());
-    for (const auto& output : outputs) passed.push_back(output.clone());
-    return passed;
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto on_backward = c10::static_intrusive_pointer_cast<OnBackward>(
-        ctx->saved_data.at("on_backward").toCapsule());
-    if (on_backward->run) on_backward->run();
-    grads.emplace_back();  // none for on_backward
-    return grads;
-  }
-};
-
 // The Reducer's own errors (PyTorch's sentences, which speak of Python's keyword arguments),
 // prefixed with the rank and, for the unused-parameter error without find_unused_parameters, the
 // C++ spelling of the fix.
 [[noreturn]] void rethrow_reducer_error(const c10::Error& error, const c10d::ProcessGroup& group,
                                         bool finding_unused) {
   const std::string text = error.what_without_backtrace();
-  const bool unfinished = !finding_unused &&
-                          text.find("Expected to have finished reduction") != std::string::npos;
+  const bool unfinished =
+      !finding_unused && text.find("Expected to have finished reduction") != std::string::npos;
   TORCH_CHECK(false, kWho, " on rank ", group.getRank(), " of ", group.getSize(), ": ", text,
               unfinished ? "\nWith amp: DistributedDataParallelOptions().find_unused_parameters("
                            "true), and return every output of the model from the callable passed "
@@ -226,8 +127,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     : module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {
   TORCH_CHECK(module_ != nullptr, kWho, ": module is null; pass the model to train.");
   detail::check_group(group_, kWho);
-  for (const auto& [name, cap] : {std::pair{"bucket_cap_mb", options_.bucket_cap_mb()},
-                                  std::pair{"first_bucket_cap_mb", options_.first_bucket_cap_mb()}}) {
+  for (const auto& [name, cap] :
+       {std::pair{"bucket_cap_mb", options_.bucket_cap_mb()},
+        std::pair{"first_bucket_cap_mb", options_.first_bucket_cap_mb()}}) {
     TORCH_CHECK(!cap || (*cap > 0 && *cap * kBytesPerMiB < 9.0e18), kWho, ": ", name,
                 " must be > 0 (MiB) and below 8e12; got ", cap.value_or(0),
                 ". DDP's defaults are 25 and 1.");
@@ -253,9 +155,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
                   "are not supported. Use sparse(false) in its options.");
       TORCH_CHECK(p.layout() == at::kStrided, kWho, ": parameter '", name, "' has layout ",
                   p.layout(), "; only dense (strided) parameters are supported.");
-      TORCH_CHECK(at::isFloatingType(p.scalar_type()), kWho, ": parameter '", name,
-                  "' has dtype ", p.scalar_type(),
-                  "; only floating-point parameters have gradients to average.");
+      TORCH_CHECK(at::isFloatingType(p.scalar_type()), kWho, ": parameter '", name, "' has dtype ",
+                  p.scalar_type(), "; only floating-point parameters have gradients to average.");
       if (!parameters_.empty()) {
         TORCH_CHECK(p.device() == parameters_.front().device(), kWho, ": parameter '", name,
                     "' is on ", p.device(), " but '", names.at(0), "' is on ",
@@ -299,11 +200,11 @@ void DistributedDataParallel::initialize(std::unordered_map<size_t, std::string>
     const auto rows = detail::exchange_values(
         *group_, detail::check_device(group_, device_type, kWho), model_signature(parameters_),
         "the DistributedDataParallel model check");
-    const auto differences = detail::describe_differences(
-        rows,
-        {"the count of parameters that require gradients", "the element count",
-         "the hash of shapes and dtypes"},
-        &format_signature);
+    const auto differences =
+        detail::describe_differences(rows,
+                                     {"the count of parameters that require gradients",
+                                      "the element count", "the hash of shapes and dtypes"},
+                                     &format_signature);
     if (!differences.empty()) {
       std::ostringstream message;
       message << kWho << ": the ranks' modules differ: ";
@@ -334,10 +235,9 @@ void DistributedDataParallel::initialize(std::unordered_map<size_t, std::string>
   const auto bucket_bytes =
       static_cast<int64_t>(options_.bucket_cap_mb().value_or(25.0) * kBytesPerMiB);
   const auto first_bucket_bytes = static_cast<int64_t>(
-      options_.first_bucket_cap_mb()
-          ? *options_.first_bucket_cap_mb() * kBytesPerMiB
-          : (using_default_cap ? double{c10d::kDefaultFirstBucketBytes}
-                               : static_cast<double>(bucket_bytes)));
+      options_.first_bucket_cap_mb() ? *options_.first_bucket_cap_mb() * kBytesPerMiB
+                                     : (using_default_cap ? double{c10d::kDefaultFirstBucketBytes}
+                                                          : static_cast<double>(bucket_bytes)));
   std::vector<size_t> limits;
   if (options_.static_graph() || !options_.find_unused_parameters()) {
     limits = {static_cast<size_t>(std::numeric_limits<int64_t>::max())};
@@ -347,8 +247,8 @@ void DistributedDataParallel::initialize(std::unordered_map<size_t, std::string>
     limits = {static_cast<size_t>(bucket_bytes)};
   }
   const std::vector<bool> expect_sparse(parameters_.size(), false);
-  auto assignment = std::get<0>(
-      c10d::compute_bucket_assignment_by_size(parameters_, limits, expect_sparse));
+  auto assignment =
+      std::get<0>(c10d::compute_bucket_assignment_by_size(parameters_, limits, expect_sparse));
   std::reverse(assignment.begin(), assignment.end());
   reducer_ = std::make_shared<ObservedReducer>(
       parameters_, std::move(assignment), group_, expect_sparse, bucket_bytes,
@@ -404,7 +304,8 @@ std::vector<std::vector<size_t>> DistributedDataParallel::buckets() const {
   std::vector<std::vector<size_t>> result;
   for (const auto& bucket : reducer_->get_grad_buckets(/*return_zero_tensors=*/false)) {
     std::vector<size_t> members;
-    for (const auto& p : bucket.getParameters()) members.push_back(index.at(p.unsafeGetTensorImpl()));
+    for (const auto& p : bucket.getParameters())
+      members.push_back(index.at(p.unsafeGetTensorImpl()));
     result.push_back(std::move(members));
   }
   return result;
@@ -455,7 +356,7 @@ void DistributedDataParallel::begin_forward() {
     // The options' hook, unless the user registered one: at the first forward that prepares a
     // backward, so an evaluation forward first still allows register_comm_hook.
     if (!hook_registered_) {
-      reducer_->register_comm_hook(std::make_unique<AmpCommHook>(group_, options_.comm_hook()));
+      reducer_->register_comm_hook(detail::make_comm_hook(group_, options_.comm_hook()));
       hook_registered_ = true;
     }
     forwarded_ = true;
@@ -530,8 +431,7 @@ std::vector<at::Tensor> DistributedDataParallel::end_forward(std::vector<at::Ten
           });
         };
       }
-      auto passed = DdpSink::apply(at::TensorList(graph_outputs),
-                                   c10::make_intrusive<OnBackward>(std::move(on_backward)));
+      auto passed = detail::pass_through_sink(graph_outputs, std::move(on_backward));
       for (size_t k = 0; k < through.size(); ++k) outputs[through[k]] = passed[k];
     }
   }

@@ -1,5 +1,6 @@
 // amp::distributed::found_inf_sync: GradScaler's inf/NaN flag combined by MAX over a process
 // group, and the set-up check that every rank's scaler is configured alike.
+#include <amp/detail/option_fields.h>
 #include <amp/distributed.h>
 
 #include <cmath>

@@ -79,13 +79,23 @@ Recipe Recipe::delayed(DelayedScalingOptions options) {
   return r;
 }
 
+const std::vector<std::string>& Recipe::names() {
+  static const std::vector<std::string> kNames = {"tensorwise", "rowwise", "rowwise_with_gw_hp",
+                                                  "delayed"};
+  return kNames;
+}
+
 Recipe Recipe::from_name(const std::string& name) {
   if (name == "tensorwise") return tensorwise();
   if (name == "rowwise") return rowwise();
   if (name == "rowwise_with_gw_hp") return rowwise_with_gw_hp();
   if (name == "delayed") return delayed();
-  TORCH_CHECK(false, "amp::fp8::Recipe::from_name: unknown recipe name '", name,
-              "'; use tensorwise, rowwise, rowwise_with_gw_hp or delayed.");
+  std::string valid;
+  for (size_t i = 0; i < names().size(); ++i) {
+    valid += (i == 0 ? "" : i + 1 == names().size() ? " or " : ", ") + names()[i];
+  }
+  TORCH_CHECK(false, "amp::fp8::Recipe::from_name: unknown recipe name '", name, "'; use ", valid,
+              ".");
 }
 
 void Recipe::validate() const {
@@ -114,7 +124,8 @@ void Recipe::validate() const {
                              &weight_for_grad_input, &grad_output_for_grad_weight}) {
     TORCH_CHECK(config->enabled && config->granularity == Granularity::tensorwise,
                 "amp::fp8::Recipe: the delayed recipe casts every operand tensorwise in float8; "
-                "found a ", config->enabled ? granularity_name(config->granularity) : "disabled",
+                "found a ",
+                config->enabled ? granularity_name(config->granularity) : "disabled",
                 " cast. Use Recipe::delayed() as it comes.");
   }
   TORCH_CHECK(input == input_for_grad_weight && weight == weight_for_grad_input &&

@@ -59,8 +59,8 @@ at::Tensor dynamic_amax(const at::Tensor& x, Granularity granularity, int64_t ax
 
 at::Tensor amax_to_scale(const at::Tensor& amax, c10::ScalarType fp8_dtype, bool power_of_2) {
   // Python's `fp8_max / tensor` is tensor.reciprocal() * fp8_max: two roundings in float64.
-  auto scale = (at::clamp(amax.to(at::kDouble), 1e-12).reciprocal() * fp8_max(fp8_dtype))
-                   .to(at::kFloat);
+  auto scale =
+      (at::clamp(amax.to(at::kDouble), 1e-12).reciprocal() * fp8_max(fp8_dtype)).to(at::kFloat);
   if (power_of_2) scale = at::exp2(at::floor(at::log2(scale)));
   return scale;
 }
@@ -86,21 +86,22 @@ void update_delayed_scale(DelayedState& state, c10::ScalarType fp8_dtype,
                           const DelayedScalingOptions& options) {
   auto& history = state.amax_history;
   // NaN-ignoring maximum, as Transformer Engine's fmaxf over the history.
-  const auto amax = options.amax_compute_algo() == AmaxComputeAlgo::max
-                        ? at::nan_to_num(history, 0.0, std::numeric_limits<double>::infinity())
-                              .max()
-                        : history[0].clone();
+  const auto amax =
+      options.amax_compute_algo() == AmaxComputeAlgo::max
+          ? at::nan_to_num(history, 0.0, std::numeric_limits<double>::infinity()).max()
+          : history[0].clone();
   // The history moves one place towards the front; the oldest entry is dropped and the newest
   // (history[0], now last) stays in it, and history[0] is free for the next cast's amax.
   history.copy_(at::roll(history, {-1}, {0}));
   history[0].fill_(0.0);
-  const double scaled_max = fp8_max(fp8_dtype) * std::ldexp(1.0, -static_cast<int>(options.margin()));
+  const double scaled_max =
+      fp8_max(fp8_dtype) * std::ldexp(1.0, -static_cast<int>(options.margin()));
   auto candidate = at::full({}, scaled_max, history.options()) / amax;
   const auto usable = at::isfinite(amax).logical_and(amax > 0);
   candidate = at::where(usable, candidate, state.scale);
-  candidate = at::where(at::isinf(candidate),
-                        at::full({}, std::numeric_limits<float>::max(), history.options()),
-                        candidate);
+  candidate =
+      at::where(at::isinf(candidate),
+                at::full({}, std::numeric_limits<float>::max(), history.options()), candidate);
   state.scale.copy_(candidate);
 }
 
@@ -112,9 +113,8 @@ Float8Operand cast_delayed(const at::Tensor& x, c10::ScalarType fp8_dtype, Delay
   // update below, so the operand keeps a copy.
   const auto scale = state.scale.clone();
   Float8Operand out{quantize(x, scale, fp8_dtype), scale, x.scalar_type(), std::nullopt};
-  auto amax = at::nan_to_num(at::abs(x).to(at::kFloat), 0.0,
-                             std::numeric_limits<double>::infinity())
-                  .max();
+  auto amax =
+      at::nan_to_num(at::abs(x).to(at::kFloat), 0.0, std::numeric_limits<double>::infinity()).max();
   if (options.amax_reduction()) options.amax_reduction()(amax);
   state.amax_history[0].copy_(amax);
   update_delayed_scale(state, fp8_dtype, options);
@@ -152,8 +152,7 @@ at::Tensor scaled_mm(const Float8Operand& a, const Float8Operand& b, c10::Scalar
     a_inverse = at::ones({}, a_inverse.options());
     b_inverse = at::ones({}, a_inverse.options());
   }
-  const bool via_bf16 =
-      rowwise && (out_dtype == at::kHalf || out_dtype == at::kFloat);
+  const bool via_bf16 = rowwise && (out_dtype == at::kHalf || out_dtype == at::kFloat);
   at::Tensor out;
   try {
     out = at::_scaled_mm(a_data, b_data, a_inverse, b_inverse, /*bias=*/std::nullopt,
@@ -164,7 +163,8 @@ at::Tensor scaled_mm(const Float8Operand& a, const Float8Operand& b, c10::Scalar
     const std::string text = error.what_without_backtrace();
     TORCH_CHECK(!(a_data.is_cpu() && text.find("per-tensor") != std::string::npos),
                 "amp::fp8: rowwise scales on the CPU need a LibTorch whose CPU at::_scaled_mm "
-                "takes them (2.14 does; this one says: ", text.substr(0, text.find('\n')),
+                "takes them (2.14 does; this one says: ",
+                text.substr(0, text.find('\n')),
                 "). Use the tensorwise or delayed recipe on this LibTorch, or run on CUDA.");
     throw;
   }

@@ -11,8 +11,8 @@
 
 namespace amp::fp8::detail {
 
-/// A tensor cast to float8 with its scale (exported with cast_delayed for the unit tests): torchao's Float8TrainingTensor without the subclass.
-/// value ≈ data / scale.
+/// A tensor cast to float8 with its scale (exported with cast_delayed for the unit tests):
+/// torchao's Float8TrainingTensor without the subclass. value ≈ data / scale.
 struct AMP_EXPORT Float8Operand {
   /// Float8_e4m3fn or Float8_e5m2, in the layout the cast produced.
   at::Tensor data;
@@ -53,14 +53,14 @@ struct DelayedState {
 /// A delayed cast (DelayedScalingOptions' rule): quantises `x` with state.scale, then records
 /// its amax (NaN ignored, as Transformer Engine's fmaxf does; reduced across ranks when the
 /// options say so) and updates the history and scale in place. No host read.
-AMP_EXPORT Float8Operand cast_delayed(const at::Tensor& x, c10::ScalarType fp8_dtype, DelayedState& state,
-                           const DelayedScalingOptions& options);
+AMP_EXPORT Float8Operand cast_delayed(const at::Tensor& x, c10::ScalarType fp8_dtype,
+                                      DelayedState& state, const DelayedScalingOptions& options);
 
 /// torchao's float8 mm of a [M, K] and b [K, N]: the layouts at::_scaled_mm wants (a row-major,
 /// b column-major), a tensorwise scale repeated when the other operand is rowwise, the inverse
 /// scales passed as dequantisation factors, and for rowwise scales without fast accumulation a
 /// bfloat16 GEMM followed by the scales' product. The result has `out_dtype`.
-AMP_EXPORT at::Tensor scaled_mm(const Float8Operand& a, const Float8Operand& b, c10::ScalarType out_dtype,
-                     bool use_fast_accum);
+AMP_EXPORT at::Tensor scaled_mm(const Float8Operand& a, const Float8Operand& b,
+                                c10::ScalarType out_dtype, bool use_fast_accum);
 
 }  // namespace amp::fp8::detail

@@ -25,10 +25,12 @@ void cast_in_place(at::Tensor& tensor, c10::ScalarType dtype) {
 void cast_tree(torch::nn::Module& module, const std::string& name, c10::ScalarType dtype,
                const KeepPredicate& keep) {
   if (keep && keep(name, module)) return;
-  for (auto& param : module.named_parameters(/*recurse=*/false)) cast_in_place(param.value(), dtype);
+  for (auto& param : module.named_parameters(/*recurse=*/false))
+    cast_in_place(param.value(), dtype);
   // A float8 layer's delayed-scaling state (amax histories, scales) stays float32.
   if (!module.as<fp8::Float8LinearImpl>()) {
-    for (auto& buffer : module.named_buffers(/*recurse=*/false)) cast_in_place(buffer.value(), dtype);
+    for (auto& buffer : module.named_buffers(/*recurse=*/false))
+      cast_in_place(buffer.value(), dtype);
   }
   for (const auto& child : module.named_children()) {
     cast_tree(*child.value(), name.empty() ? child.key() : name + "." + child.key(), dtype, keep);
@@ -39,10 +41,10 @@ void cast_tree(torch::nn::Module& module, const std::string& name, c10::ScalarTy
 
 bool is_normalization(const std::string& /*name*/, const torch::nn::Module& module) {
   static constexpr std::array<std::string_view, 10> kNames = {
-      "torch::nn::BatchNorm1dImpl",    "torch::nn::BatchNorm2dImpl",
-      "torch::nn::BatchNorm3dImpl",    "torch::nn::InstanceNorm1dImpl",
-      "torch::nn::InstanceNorm2dImpl", "torch::nn::InstanceNorm3dImpl",
-      "torch::nn::LayerNormImpl",      "torch::nn::GroupNormImpl",
+      "torch::nn::BatchNorm1dImpl",       "torch::nn::BatchNorm2dImpl",
+      "torch::nn::BatchNorm3dImpl",       "torch::nn::InstanceNorm1dImpl",
+      "torch::nn::InstanceNorm2dImpl",    "torch::nn::InstanceNorm3dImpl",
+      "torch::nn::LayerNormImpl",         "torch::nn::GroupNormImpl",
       "torch::nn::LocalResponseNormImpl", "torch::nn::CrossMapLRN2dImpl"};
   const std::string& type = module.name();
   for (const auto& candidate : kNames) {

@@ -46,6 +46,20 @@ int64_t read_int(torch::serialize::InputArchive& archive, const char* key, bool 
   return value->toInt();
 }
 
+std::tuple<double, double> read_betas(torch::serialize::InputArchive& archive) {
+  c10::IValue value;
+  TORCH_CHECK(archive.try_read("betas", value), "the entry \"betas\" is missing");
+  std::vector<c10::IValue> items;
+  if (value.isTuple()) {
+    items = value.toTupleRef().elements().vec();
+  } else if (value.isList()) {
+    items = value.toListRef().vec();
+  }
+  TORCH_CHECK(items.size() == 2 && items[0].isDouble() && items[1].isDouble(),
+              "the entry \"betas\" is not a pair of floats");
+  return {items[0].toDouble(), items[1].toDouble()};
+}
+
 at::Tensor read_tensor(torch::serialize::InputArchive& archive, const char* key) {
   const auto value = find_entry(archive, key, /*required=*/false);
   if (!value) return at::Tensor();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -37,7 +38,8 @@ ArchiveContents<Options, ParamState> read_archive(torch::serialize::InputArchive
 
 /// Maps each current parameter to its saved state (by position in its group, as LibTorch does)
 /// after checking group count and sizes; `check_state(param, state, group_index, where)`
-/// validates and moves one entry to the parameter's device. Returns the new state map; the optimizer is untouched.
+/// validates and moves one entry to the parameter's device. Returns the new state map; the
+/// optimizer is untouched.
 template <typename Options, typename ParamState, typename CheckState>
 ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>> match_state(
     const ArchiveContents<Options, ParamState>& contents, const torch::optim::Optimizer& optimizer,
@@ -51,6 +53,8 @@ bool read_bool(torch::serialize::InputArchive& archive, const char* key, bool re
 /// Reads an integer key.
 int64_t read_int(torch::serialize::InputArchive& archive, const char* key, bool required,
                  int64_t fallback);
+/// Reads "betas", a pair of floats (a tuple, or a list as Python's optimizers save it).
+std::tuple<double, double> read_betas(torch::serialize::InputArchive& archive);
 /// Reads a tensor-valued key, undefined when absent.
 at::Tensor read_tensor(torch::serialize::InputArchive& archive, const char* key);
 

@@ -1,9 +1,12 @@
 // FusedAdam and FusedAdamW: Python's fused Adam step (torch/optim/adam.py, _fused_adam) over
 // at::_fused_adam_ / at::_fused_adamw_, their options and state in LibTorch's Adam layout.
 #include <cmath>
+#include <functional>
 #include <type_traits>
 
 #include <ATen/ATen.h>
+
+#include <amp/optim/adam.h>
 
 #include "optim/fused_optimizer.h"
 
@@ -58,20 +61,6 @@ bool equal_adam(const AdamOptions& lhs, const AdamOptions& rhs) {
          detail::equal_low_precision(lhs, rhs);
 }
 
-std::tuple<double, double> read_betas(InputArchive& archive) {
-  c10::IValue value;
-  TORCH_CHECK(archive.try_read("betas", value), "the entry \"betas\" is missing");
-  std::vector<c10::IValue> items;
-  if (value.isTuple()) {
-    items = value.toTupleRef().elements().vec();
-  } else if (value.isList()) {
-    items = value.toListRef().vec();
-  }
-  TORCH_CHECK(items.size() == 2 && items[0].isDouble() && items[1].isDouble(),
-              "the entry \"betas\" is not a pair of floats");
-  return {items[0].toDouble(), items[1].toDouble()};
-}
-
 template <typename AdamOptions>
 void write_adam_options(const AdamOptions& options, OutputArchive& archive) {
   // LibTorch's AdamOptions entries first, so torch::optim::Adam/AdamW can read them.
@@ -90,7 +79,7 @@ void read_adam_options(AdamOptions& options, InputArchive& archive) {
   using detail::read_bool;
   using detail::read_double;
   options.lr(read_double(archive, "lr", true, 0.0))
-      .betas(read_betas(archive))
+      .betas(detail::read_betas(archive))
       .eps(read_double(archive, "eps", true, 0.0))
       .weight_decay(read_double(archive, "weight_decay", true, 0.0))
       .amsgrad(read_bool(archive, "amsgrad", true, false))
@@ -102,7 +91,7 @@ void read_adam_options(AdamOptions& options, InputArchive& archive) {
 
 // ---- the step and the checkpoint state, for both types ----
 
-using StateMap = ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>;
+using detail::StateMap;
 
 // Zero state for a parameter's first step (Python's _init_group for fused=True).
 FusedAdamParamState& state_for(StateMap& states, const at::Tensor& param, bool amsgrad) {
@@ -122,63 +111,49 @@ FusedAdamParamState& state_for(StateMap& states, const at::Tensor& param, bool a
   return state;
 }
 
-// The state of a parameter updated under `plan`: moments in the plan's dtype (converted when a
-// checkpoint or an options change left another), the master copy or compensation it needs.
-FusedAdamParamState& low_precision_state_for(StateMap& states, const at::Tensor& param,
-                                             bool amsgrad, const detail::LowPrecisionPlan& plan) {
-  auto& slot = states[param.unsafeGetTensorImpl()];
-  if (!slot) slot = std::make_unique<FusedAdamParamState>();
-  auto& state = static_cast<FusedAdamParamState&>(*slot);
-  // On the parameter's device: the CUDA kernels count steps there, with no host read.
-  if (!state.step().defined()) state.step(at::zeros({}, param.options().dtype(at::kFloat)));
-  const c10::ScalarType dtype = plan.state_dtype;
-  state.exp_avg(detail::state_tensor(state.exp_avg(), param, dtype));
-  state.exp_avg_sq(detail::state_tensor(state.exp_avg_sq(), param, dtype));
-  if (amsgrad) state.max_exp_avg_sq(detail::state_tensor(state.max_exp_avg_sq(), param, dtype));
-  at::Tensor master = state.master_weight(), comp = state.kahan_comp();
-  detail::fit_write_back_state(master, comp, param, plan);
-  state.master_weight(master).kahan_comp(comp);
-  return state;
-}
-
-// One dtype bucket of low-precision parameters through amp's kernels.
+// One dtype bucket of low-precision parameters through amp's step engine: moments in the plan's
+// dtype (converted when a checkpoint or an options change left another), and the master copy or
+// compensation the plan needs.
 template <typename AdamOptions>
 void adam_low_precision(StateMap& states, const AdamOptions& o, bool decoupled,
                         const detail::LowPrecisionPlan& plan, const std::vector<at::Tensor>& params,
                         const detail::ParamPositions& positions,
                         const std::optional<at::Tensor>& grad_scale,
                         const std::optional<at::Tensor>& found_inf, const std::string& where) {
-  std::vector<detail::LowPrecisionSlot> slots;
+  std::vector<detail::StepSlot> slots;
   for (const at::Tensor& param : params) {
     detail::check_low_precision_param(param, positions.of(param), where);
-    auto& state = low_precision_state_for(states, param, o.amsgrad(), plan);
-    detail::LowPrecisionSlot slot;
-    slot.param = param;
-    slot.grad = param.grad();
-    slot.master = state.master_weight();
-    slot.comp = state.kahan_comp();
+    auto& entry = states[param.unsafeGetTensorImpl()];
+    if (!entry) entry = std::make_unique<FusedAdamParamState>();
+    auto& state = static_cast<FusedAdamParamState&>(*entry);
+    at::Tensor step = state.step(), master = state.master_weight(), comp = state.kahan_comp();
+    detail::StepSlot slot =
+        detail::engine_slot(param, positions.of(param), step, master, comp, plan);
+    state.step(step).master_weight(master).kahan_comp(comp);
+    const c10::ScalarType dtype = plan.state_dtype;
+    state.exp_avg(detail::state_tensor(state.exp_avg(), param, dtype));
+    state.exp_avg_sq(detail::state_tensor(state.exp_avg_sq(), param, dtype));
+    if (o.amsgrad())
+      state.max_exp_avg_sq(detail::state_tensor(state.max_exp_avg_sq(), param, dtype));
     slot.state0 = state.exp_avg();
     slot.state1 = state.exp_avg_sq();
     slot.state2 = o.amsgrad() ? state.max_exp_avg_sq() : at::Tensor();
-    slot.step = state.step();
-    slot.stream = positions.of(param);
     slots.push_back(std::move(slot));
   }
   const auto [beta1, beta2] = o.betas();
-  detail::adam_low_precision(
+  detail::run_rule_step<detail::lp::AdamRule>(
       slots,
-      detail::AdamHyper{o.lr(), beta1, beta2, o.eps(), o.weight_decay(), o.amsgrad(),
-                        o.maximize(), decoupled},
-      detail::low_precision_step(o, plan, grad_scale, found_inf));
+      detail::AdamHyper{o.lr(), beta1, beta2, o.eps(), o.weight_decay(), o.amsgrad(), o.maximize(),
+                        decoupled},
+      detail::step_args(o, plan, grad_scale, found_inf));
 }
 
 // One group's step; `decoupled` is AdamW's weight decay, `lr_tensor` the capturable lr.
 template <typename AdamOptions, typename LrTensor>
-void adam_step_group(
-    StateMap& states,
-    const AdamOptions& o, bool decoupled, const detail::GroupWork& work,
-    const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
-    LrTensor lr_tensor, const detail::ParamPositions& positions, const std::string& where) {
+void adam_step_group(StateMap& states, const AdamOptions& o, bool decoupled,
+                     const detail::GroupWork& work, const std::optional<at::Tensor>& grad_scale,
+                     const std::optional<at::Tensor>& found_inf, LrTensor lr_tensor,
+                     const detail::ParamPositions& positions, const std::string& where) {
   const auto [beta1, beta2] = o.betas();
   for (const auto& [dtype, params] : work.params_by_dtype) {
     if (const auto plan = detail::low_precision_plan(o, dtype)) {
@@ -242,8 +217,8 @@ std::unique_ptr<FusedAdamParamState> adam_loaded_state(const at::Tensor& param,
   // Kept only where the loaded options use them (the first step creates them when missing).
   const auto plan = detail::low_precision_plan(options, param.scalar_type());
   if (plan && plan->write_back == detail::WriteBack::kMasterWeights) {
-    state->master_weight(
-        detail::loaded_state_tensor(saved.master_weight(), param, at::kFloat, "master_weight", where));
+    state->master_weight(detail::loaded_state_tensor(saved.master_weight(), param, at::kFloat,
+                                                     "master_weight", where));
   }
   if (plan && plan->write_back == detail::WriteBack::kKahan) {
     state->kahan_comp(detail::loaded_state_tensor(saved.kahan_comp(), param, param.scalar_type(),
@@ -318,48 +293,76 @@ bool operator==(const FusedAdamParamState& lhs, const FusedAdamParamState& rhs) 
 // ---- the optimizers ----
 
 namespace detail {
+template class FusedOptimizer<FusedAdamOptions, FusedAdamParamState>;
+template class FusedOptimizer<FusedAdamWOptions, FusedAdamParamState>;
+}  // namespace detail
+
+// The four hooks of FusedAdam and FusedAdamW: the templates above, over each one's options.
+namespace {
 
 template <typename Options>
-void FusedAdamFamily<Options>::check_options(const Options& options,
-                                             const std::string& where) const {
+void step_adam_group(StateMap& states, const Options& options, const detail::GroupWork& work,
+                     const std::optional<at::Tensor>& grad_scale,
+                     const std::optional<at::Tensor>& found_inf,
+                     const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                     const std::string& where, const std::function<at::Tensor()>& lr_tensor) {
+  constexpr bool decoupled = std::is_same_v<Options, FusedAdamWOptions>;
+  const detail::ParamPositions positions(groups);
+  adam_step_group(states, options, decoupled, work, grad_scale, found_inf, lr_tensor, positions,
+                  where);
+}
+
+}  // namespace
+
+void FusedAdam::check_options(const FusedAdamOptions& options, const std::string& where) const {
+  check_adam(options, where);
+}
+void FusedAdamW::check_options(const FusedAdamWOptions& options, const std::string& where) const {
   check_adam(options, where);
 }
 
-template <typename Options>
-Options FusedAdamFamily<Options>::merge_options(const Options& group,
-                                                const Options& defaults) const {
+FusedAdamOptions FusedAdam::merge_options(const FusedAdamOptions& group,
+                                          const FusedAdamOptions& defaults) const {
+  return merge_adam(group, defaults);
+}
+FusedAdamWOptions FusedAdamW::merge_options(const FusedAdamWOptions& group,
+                                            const FusedAdamWOptions& defaults) const {
   return merge_adam(group, defaults);
 }
 
-template <typename Options>
-void FusedAdamFamily<Options>::step_group(size_t group_index, const Options& options,
-                                          const GroupWork& work,
-                                          const std::optional<at::Tensor>& grad_scale,
-                                          const std::optional<at::Tensor>& found_inf) {
-  constexpr bool decoupled = std::is_same_v<Options, FusedAdamWOptions>;
-  const detail::ParamPositions positions(this->param_groups_);
-  adam_step_group(this->state_, options, decoupled, work, grad_scale, found_inf,
-                  [&] { return this->lr_tensor(group_index, options.lr(), work.device); },
-                  positions, group_where(this->name(), group_index));
+void FusedAdam::step_group(size_t group_index, const FusedAdamOptions& options,
+                           const detail::GroupWork& work,
+                           const std::optional<at::Tensor>& grad_scale,
+                           const std::optional<at::Tensor>& found_inf) {
+  step_adam_group(state_, options, work, grad_scale, found_inf, param_groups_,
+                  detail::group_where(name(), group_index),
+                  [&] { return lr_tensor(group_index, options.lr(), work.device); });
+}
+void FusedAdamW::step_group(size_t group_index, const FusedAdamWOptions& options,
+                            const detail::GroupWork& work,
+                            const std::optional<at::Tensor>& grad_scale,
+                            const std::optional<at::Tensor>& found_inf) {
+  step_adam_group(state_, options, work, grad_scale, found_inf, param_groups_,
+                  detail::group_where(name(), group_index),
+                  [&] { return lr_tensor(group_index, options.lr(), work.device); });
 }
 
-template <typename Options>
-std::unique_ptr<FusedAdamParamState> FusedAdamFamily<Options>::loaded_state(
-    const at::Tensor& param, const FusedAdamParamState& saved, const Options& options,
-    const std::string& where) const {
+std::unique_ptr<FusedAdamParamState> FusedAdam::loaded_state(const at::Tensor& param,
+                                                             const FusedAdamParamState& saved,
+                                                             const FusedAdamOptions& options,
+                                                             const std::string& where) const {
+  return adam_loaded_state(param, saved, options, where);
+}
+std::unique_ptr<FusedAdamParamState> FusedAdamW::loaded_state(const at::Tensor& param,
+                                                              const FusedAdamParamState& saved,
+                                                              const FusedAdamWOptions& options,
+                                                              const std::string& where) const {
   return adam_loaded_state(param, saved, options, where);
 }
 
-template class FusedOptimizer<FusedAdamOptions, FusedAdamParamState>;
-template class FusedOptimizer<FusedAdamWOptions, FusedAdamParamState>;
-template class FusedAdamFamily<FusedAdamOptions>;
-template class FusedAdamFamily<FusedAdamWOptions>;
-
-}  // namespace detail
-
 FusedAdam::FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                      FusedAdamOptions defaults)
-    : FusedAdamFamily("FusedAdam", defaults) {
+    : FusedOptimizer("FusedAdam", defaults) {
   add_param_groups(std::move(param_groups));
 }
 
@@ -368,7 +371,7 @@ FusedAdam::FusedAdam(std::vector<at::Tensor> params, FusedAdamOptions defaults)
 
 FusedAdamW::FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                        FusedAdamWOptions defaults)
-    : FusedAdamFamily("FusedAdamW", defaults) {
+    : FusedOptimizer("FusedAdamW", defaults) {
   add_param_groups(std::move(param_groups));
 }
 

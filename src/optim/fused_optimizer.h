@@ -1,5 +1,5 @@
-// The definitions of detail::FusedOptimizer (declared in amp/optim.h), included only by the
-// source file of each fused optimizer, which instantiates the base for its own types.
+// The definitions of detail::FusedOptimizer (declared in amp/detail/fused_optimizer.h), included
+// only by the source file of each optimizer, which instantiates the base for its own types.
 #pragma once
 
 #include <memory>
@@ -14,13 +14,16 @@
 #include <c10/util/Exception.h>
 #include <torch/optim/serialize.h>
 
-#include <amp/optim.h>
+#include <amp/detail/fused_optimizer.h>
 
 #include "optim/checkpoint.h"
 #include "optim/low_precision.h"
 #include "optim/param_groups.h"
 
 namespace amp::optim::detail {
+
+/// An optimizer's per-parameter state, as torch::optim::Optimizer keeps it (keyed by TensorImpl).
+using StateMap = ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>;
 
 /// The scale and flag handed over by GradScaler for this step, moved to each device at most once
 /// (no copy when already there). Both empty when no scaler is involved.
@@ -104,8 +107,11 @@ const Options& FusedOptimizer<Options, ParamState>::checked_options(size_t group
   TORCH_CHECK(group_index < adopted_groups_, name_, ": param group ", group_index,
               " was added through torch::optim::Optimizer::add_param_group, which is not "
               "virtual and gave the group ",
-              name_, "'s default options instead of its own. Nothing was stepped; call "
-              "add_param_group on the ", name_, " itself (not through a "
+              name_,
+              "'s default options instead of its own. Nothing was stepped; call "
+              "add_param_group on the ",
+              name_,
+              " itself (not through a "
               "torch::optim::Optimizer reference).");
   const auto& options = static_cast<const Options&>(param_groups_[group_index].options());
   // Rechecked every step: options may have been changed through param_groups() since.
@@ -167,11 +173,11 @@ void FusedOptimizer<Options, ParamState>::load(torch::serialize::InputArchive& a
       check_low_precision_params(contents.groups[g].options, param_groups_[g].params(), where);
     }
   }
-  auto state = match_state(contents, *this, name,
-                           [&](const at::Tensor& param, const ParamState& saved, size_t g,
-                               const std::string& where) {
-                             return loaded_state(param, saved, contents.groups[g].options, where);
-                           });
+  auto state = match_state(
+      contents, *this, name,
+      [&](const at::Tensor& param, const ParamState& saved, size_t g, const std::string& where) {
+        return loaded_state(param, saved, contents.groups[g].options, where);
+      });
   for (size_t g = 0; g < contents.groups.size(); ++g) {
     param_groups_[g].set_options(std::make_unique<Options>(contents.groups[g].options));
   }

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <amp/optim/sgd.h>
+
 #include "optim/fused_optimizer.h"
 
 namespace amp::optim {
@@ -116,6 +118,42 @@ FusedSGDOptions FusedSGD::merge_options(const FusedSGDOptions& group,
   return merged;
 }
 
+namespace {
+
+// One dtype bucket of bfloat16/float16 parameters through amp's step engine under the
+// low-precision options.
+void sgd_low_precision(detail::StateMap& states, const FusedSGDOptions& o,
+                       const detail::LowPrecisionPlan& plan, const std::vector<at::Tensor>& params,
+                       const detail::ParamPositions& positions,
+                       const std::optional<at::Tensor>& grad_scale,
+                       const std::optional<at::Tensor>& found_inf, const std::string& where) {
+  std::vector<detail::StepSlot> slots;
+  for (const at::Tensor& param : params) {
+    detail::check_low_precision_param(param, positions.of(param), where);
+    auto& entry = states[param.unsafeGetTensorImpl()];
+    if (!entry) entry = std::make_unique<FusedSGDParamState>();
+    auto& state = static_cast<FusedSGDParamState&>(*entry);
+    at::Tensor step = state.step(), master = state.master_weight(), comp = state.kahan_comp();
+    detail::StepSlot slot =
+        detail::engine_slot(param, positions.of(param), step, master, comp, plan);
+    state.step(step).master_weight(master).kahan_comp(comp);
+    // A new buffer starts at zeros (as on the ATen path): a skipped first step leaves zeros.
+    slot.first = o.momentum() != 0.0 && !state.momentum_buffer().defined();
+    if (o.momentum() != 0.0) {
+      state.momentum_buffer(detail::state_tensor(state.momentum_buffer(), param, plan.state_dtype));
+    }
+    slot.state0 = state.momentum_buffer();
+    slots.push_back(std::move(slot));
+  }
+  detail::run_rule_step<detail::lp::SgdRule>(
+      slots,
+      detail::SgdHyper{o.lr(), o.momentum(), o.dampening(), o.weight_decay(), o.nesterov(),
+                       o.maximize()},
+      detail::step_args(o, plan, grad_scale, found_inf));
+}
+
+}  // namespace
+
 void FusedSGD::step_group(size_t group_index, const FusedSGDOptions& o,
                           const detail::GroupWork& work,
                           const std::optional<at::Tensor>& grad_scale,
@@ -138,7 +176,8 @@ void FusedSGD::step_group(size_t group_index, const FusedSGDOptions& o,
   for (const auto& [dtype, params] : work.params_by_dtype) {
     if (const auto plan = detail::low_precision_plan(o, dtype)) {
       if (!positions) positions.emplace(param_groups_);
-      step_low_precision(group_index, o, *plan, params, *positions, grad_scale, found_inf);
+      sgd_low_precision(state_, o, *plan, params, *positions, grad_scale, found_inf,
+                        detail::group_where(name(), group_index));
       continue;
     }
     if (o.momentum() == 0.0) {
@@ -167,45 +206,6 @@ void FusedSGD::step_group(size_t group_index, const FusedSGDOptions& o,
     if (!continuing.empty()) run(continuing, continuing_bufs, /*is_first_step=*/false);
     if (!starting.empty()) run(starting, starting_bufs, /*is_first_step=*/true);
   }
-}
-
-void FusedSGD::step_low_precision(size_t group_index, const FusedSGDOptions& o,
-                                  const detail::LowPrecisionPlan& plan,
-                                  const std::vector<at::Tensor>& params,
-                                  const detail::ParamPositions& positions,
-                                  const std::optional<at::Tensor>& grad_scale,
-                                  const std::optional<at::Tensor>& found_inf) {
-  const std::string where = detail::group_where(name(), group_index);
-  std::vector<detail::LowPrecisionSlot> slots;
-  for (const at::Tensor& param : params) {
-    detail::check_low_precision_param(param, positions.of(param), where);
-    auto& entry = state_[param.unsafeGetTensorImpl()];
-    if (!entry) entry = std::make_unique<FusedSGDParamState>();
-    auto& state = static_cast<FusedSGDParamState&>(*entry);
-    if (!state.step().defined()) state.step(at::zeros({}, param.options().dtype(at::kFloat)));
-    detail::LowPrecisionSlot slot;
-    // A new buffer starts at zeros (as on the ATen path): a skipped first step leaves zeros.
-    slot.first_momentum = o.momentum() != 0.0 && !state.momentum_buffer().defined();
-    if (o.momentum() != 0.0) {
-      state.momentum_buffer(detail::state_tensor(state.momentum_buffer(), param, plan.state_dtype));
-    }
-    at::Tensor master = state.master_weight(), comp = state.kahan_comp();
-    detail::fit_write_back_state(master, comp, param, plan);
-    state.master_weight(master).kahan_comp(comp);
-    slot.param = param;
-    slot.grad = param.grad();
-    slot.master = master;
-    slot.comp = comp;
-    slot.state0 = state.momentum_buffer();
-    slot.step = state.step();
-    slot.stream = positions.of(param);
-    slots.push_back(std::move(slot));
-  }
-  detail::sgd_low_precision(
-      slots,
-      detail::SgdHyper{o.lr(), o.momentum(), o.dampening(), o.weight_decay(), o.nesterov(),
-                       o.maximize()},
-      detail::low_precision_step(o, plan, grad_scale, found_inf));
 }
 
 std::unique_ptr<FusedSGDParamState> FusedSGD::loaded_state(const at::Tensor& param,

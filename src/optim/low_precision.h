@@ -1,6 +1,6 @@
-// The fused optimizers' low-precision options (master_weights, kahan_summation,
-// stochastic_rounding, state_dtype, rounding_seed), which the three options types share: their
-// checks, merging, checkpoint entries, and the plan they give a parameter of a given dtype.
+// The optimizers' low-precision options (LowPrecisionOptions, mixed into every options type):
+// their checks, merging and checkpoint entries, the plan they give a parameter of a given dtype,
+// and the step engine's slots and arguments built from them.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +17,7 @@
 #include <torch/serialize/output-archive.h>
 
 #include "optim/checkpoint.h"
-#include "optim/cpu/low_precision_kernels.h"
+#include "optim/step.h"
 
 namespace amp::optim::detail {
 
@@ -64,8 +64,8 @@ c10::ScalarType state_dtype_for(const Options& o, c10::ScalarType param_dtype) {
 /// no capturable (the modes run amp's own kernels, which CUDA graphs do not capture yet).
 template <typename Options>
 void check_low_precision_options(const Options& o, const std::string& where) {
-  const int modes = int{o.master_weights()} + int{o.kahan_summation()} +
-                    int{o.stochastic_rounding()};
+  const int modes =
+      int{o.master_weights()} + int{o.kahan_summation()} + int{o.stochastic_rounding()};
   TORCH_CHECK(modes <= 1, where, ": master_weights(", o.master_weights(), "), kahan_summation(",
               o.kahan_summation(), ") and stochastic_rounding(", o.stochastic_rounding(),
               ") are alternatives: each keeps the updates a low-precision parameter would lose "
@@ -113,8 +113,9 @@ void merge_low_precision(Options& merged, const Options& group, const Options& f
   const auto pick = [](const auto& value, const auto& fresh_value, const auto& default_value) {
     return value == fresh_value ? default_value : value;
   };
-  merged.master_weights(pick(group.master_weights(), fresh.master_weights(),
-                             defaults.master_weights()))
+  merged
+      .master_weights(
+          pick(group.master_weights(), fresh.master_weights(), defaults.master_weights()))
       .kahan_summation(
           pick(group.kahan_summation(), fresh.kahan_summation(), defaults.kahan_summation()))
       .stochastic_rounding(pick(group.stochastic_rounding(), fresh.stochastic_rounding(),
@@ -181,28 +182,28 @@ class ParamPositions {
   mutable std::unordered_map<const void*, uint64_t> positions_;
 };
 
-/// The step's shared inputs for the kernels: the plan, the seed and the scaler's hand-over.
+/// The step's shared inputs for the engine: the plan, the seed and the scaler's hand-over.
 template <typename Options>
-LowPrecisionStep low_precision_step(const Options& o, const LowPrecisionPlan& plan,
-                                    const std::optional<at::Tensor>& grad_scale,
-                                    const std::optional<at::Tensor>& found_inf) {
-  LowPrecisionStep step;
-  step.write_back = plan.write_back;
-  step.state_dtype = plan.state_dtype;
-  step.seed = static_cast<uint64_t>(o.rounding_seed());
-  if (grad_scale) step.grad_scale = *grad_scale;
-  if (found_inf) step.found_inf = *found_inf;
-  return step;
+StepArgs step_args(const Options& o, const LowPrecisionPlan& plan,
+                   const std::optional<at::Tensor>& grad_scale,
+                   const std::optional<at::Tensor>& found_inf) {
+  StepArgs args;
+  args.write_back = plan.write_back;
+  args.state_dtype = plan.state_dtype;
+  args.seed = static_cast<uint64_t>(o.rounding_seed());
+  if (grad_scale) args.grad_scale = *grad_scale;
+  if (found_inf) args.found_inf = *found_inf;
+  return args;
 }
 
-/// The step of each family on the device of the slots' parameters (one device, one dtype).
-void adam_low_precision(const std::vector<LowPrecisionSlot>& slots, const AdamHyper& hyper,
-                        const LowPrecisionStep& step);
-void sgd_low_precision(const std::vector<LowPrecisionSlot>& slots, const SgdHyper& hyper,
-                       const LowPrecisionStep& step);
+/// A slot of the engine for `param` at `position` in its optimizer, with the step count, master
+/// copy and compensation `plan` needs (created in the caller's state tensors when missing,
+/// dropped when the plan has no use for them); the rule's own state (state0..2) is the caller's.
+StepSlot engine_slot(const at::Tensor& param, uint64_t position, at::Tensor& step,
+                     at::Tensor& master, at::Tensor& comp, const LowPrecisionPlan& plan);
 
-/// Checks that a low-precision step can run on `param` (CPU or, built with CUDA, CUDA; contiguous), the parameter at
-/// `position` in the optimizer; throws a sentence starting with `where`.
+/// Checks that the step engine can run on `param` (CPU or, built with CUDA, CUDA; contiguous),
+/// the parameter at `position` in the optimizer; throws a sentence starting with `where`.
 void check_low_precision_param(const at::Tensor& param, uint64_t position,
                                const std::string& where);
 

@@ -95,7 +95,8 @@ void deduplicate_params(const std::vector<torch::optim::OptimizerParamGroup>& ex
   std::unordered_map<const c10::TensorImpl*, std::pair<size_t, size_t>> owner;
   for (size_t g = 0; g < existing.size(); ++g) {
     const auto& params = existing[g].params();
-    for (size_t i = 0; i < params.size(); ++i) owner.emplace(params[i].unsafeGetTensorImpl(), std::pair{g, i});
+    for (size_t i = 0; i < params.size(); ++i)
+      owner.emplace(params[i].unsafeGetTensorImpl(), std::pair{g, i});
   }
   for (size_t a = 0; a < added.size(); ++a) {
     const size_t g = first_index + a;

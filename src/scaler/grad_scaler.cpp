@@ -1,4 +1,5 @@
 // amp::GradScaler: torch.amp.GradScaler's state machine, scaling, unscaling, stepping and update.
+#include <amp/detail/option_fields.h>
 #include <amp/grad_scaler.h>
 
 #include <algorithm>
@@ -564,12 +565,14 @@ void GradScaler::set_growth_interval(int64_t new_interval) {
   const int64_t tracker =
       growth_tracker_.defined() ? growth_tracker_.item<int64_t>() : init_growth_tracker_;
   if (tracker >= new_interval) {
-    TORCH_WARN("GradScaler::set_growth_interval: the growth tracker is ", tracker,
-               ", at or above the new growth_interval=", new_interval,
-               ", so the scale will not grow again until an overflow resets the tracker (torch.amp's "
-               "rule, kept for parity). To grow after ", new_interval,
-               " clean steps from now, lower the interval right after an update() that backed off "
-               "or grew, or load a state dict whose '_growth_tracker' is 0.");
+    TORCH_WARN(
+        "GradScaler::set_growth_interval: the growth tracker is ", tracker,
+        ", at or above the new growth_interval=", new_interval,
+        ", so the scale will not grow again until an overflow resets the tracker (torch.amp's "
+        "rule, kept for parity). To grow after ",
+        new_interval,
+        " clean steps from now, lower the interval right after an update() that backed off "
+        "or grew, or load a state dict whose '_growth_tracker' is 0.");
   }
 }
 

@@ -1,5 +1,6 @@
 // GradScalerOptions as a table (detail::option_fields): the one list of option names, kinds and
 // state-dict keys that state_dict()/load_state_dict() and amp::distributed's option check read.
+#include <amp/detail/option_fields.h>
 #include <amp/grad_scaler.h>
 
 #include <type_traits>

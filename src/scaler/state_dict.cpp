@@ -1,4 +1,5 @@
 // GradScaler's state: Python-compatible state_dict, all-or-nothing loading, files and archives.
+#include <amp/detail/option_fields.h>
 #include <amp/grad_scaler.h>
 
 #include <cmath>

@@ -94,9 +94,8 @@ void check_scale_in_bounds(double scale, double min_scale, double max_scale, con
   // cannot hold (min_scale=0.7), the scale at the floor is float32(0.7) < 0.7, which must load.
   const auto stored = static_cast<float>(scale);
   TORCH_CHECK(stored >= static_cast<float>(min_scale) && stored <= static_cast<float>(max_scale),
-              what, " must lie in [min_scale, ",
-              "max_scale]. Got ", name, "=", scale, " with min_scale=", min_scale,
-              " and max_scale=", max_scale, "; ", fix);
+              what, " must lie in [min_scale, ", "max_scale]. Got ", name, "=", scale,
+              " with min_scale=", min_scale, " and max_scale=", max_scale, "; ", fix);
 }
 
 }  // namespace amp::detail

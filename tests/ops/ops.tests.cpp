@@ -10,7 +10,6 @@
 
 #include <amp/ops.h>
 
-#include "ops/launch_plan.h"
 #include "support/bits.h"
 #include "support/reference_scale_update.h"
 
@@ -355,55 +354,4 @@ TEST_CASE("Unscale and clip match unscale_ followed by clip_grad_norm_", "[ops]"
       CHECK(torch::allclose(mine[i], params[i].grad(), 1e-5, 1e-7));
     }
   }
-}
-
-TEST_CASE("The launch planner covers every element once within its limits", "[ops][plan]") {
-  const amp::detail::LaunchLimits limits{64, 5, 7};
-  const std::vector<int64_t> sizes = {0, 1, 63, 64, 65, 0, 640, 3, 129, 1000, 1, 1, 1, 1, 1, 1};
-  const auto launches = amp::detail::plan_launches(sizes, limits);
-  std::vector<std::vector<int>> covered(sizes.size());
-  for (size_t i = 0; i < sizes.size(); ++i) covered[i].assign(sizes[i], 0);
-  for (const auto& launch : launches) {
-    REQUIRE(!launch.blocks.empty());
-    REQUIRE(static_cast<int64_t>(launch.tensors.size()) <= limits.max_tensors);
-    REQUIRE(static_cast<int64_t>(launch.blocks.size()) <= limits.max_blocks);
-    for (const auto& block : launch.blocks) {
-      REQUIRE(block.slot < static_cast<int32_t>(launch.tensors.size()));
-      const int64_t t = launch.tensors[block.slot];
-      const int64_t begin = block.chunk * limits.chunk_elems;
-      REQUIRE(begin < sizes[t]);
-      for (int64_t e = begin; e < std::min(sizes[t], begin + limits.chunk_elems); ++e) {
-        covered[t][e] += 1;
-      }
-    }
-  }
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    for (int c : covered[i]) REQUIRE(c == 1);
-  }
-  // Packing is tight: a launch is cut only when one of its limits is reached.
-  for (size_t l = 0; l + 1 < launches.size(); ++l) {
-    CHECK((static_cast<int64_t>(launches[l].blocks.size()) == limits.max_blocks ||
-           static_cast<int64_t>(launches[l].tensors.size()) == limits.max_tensors));
-  }
-}
-
-TEST_CASE("The launch planner handles tensors beyond 2^31 elements", "[ops][plan]") {
-  const int64_t big = (int64_t{1} << 33) + 5;
-  const amp::detail::LaunchLimits limits{65536, 256, 3072};
-  const auto launches = amp::detail::plan_launches(std::vector<int64_t>{big, 10}, limits);
-  int64_t blocks = 0, last_chunk = -1;
-  for (const auto& launch : launches) {
-    for (const auto& block : launch.blocks) {
-      if (launch.tensors[block.slot] == 0) {
-        REQUIRE(block.chunk == last_chunk + 1);
-        last_chunk = block.chunk;
-      }
-      ++blocks;
-    }
-  }
-  CHECK(last_chunk * limits.chunk_elems < big);
-  CHECK((last_chunk + 1) * limits.chunk_elems >= big);
-  CHECK(blocks == last_chunk + 2);
-  CHECK_THROWS_WITH(amp::detail::plan_launches(std::vector<int64_t>{1}, {60, 1, 1}),
-                    Catch::Contains("chunk_elems must be a positive multiple of 8, but got 60"));
 }

@@ -23,7 +23,7 @@
 #include <amp/ops.h>
 
 #include "ops/cuda/kernels.cuh"
-#include "ops/launch_plan.h"
+#include "kernels/launch_plan.h"
 #include "support/bits.h"
 #include "support/reference_scale_update.h"
 
@@ -39,7 +39,7 @@ const torch::Device kCuda(torch::kCUDA);
 // The CUDA kernel's launch geometry: one block per chunk, at most this many tensors and blocks in
 // one launch.
 constexpr int64_t kChunk = amp::detail::cuda::kChunkElems;
-const amp::detail::LaunchLimits kCudaLimits{amp::detail::cuda::kChunkElems,
+const amp::kernels::LaunchLimits kCudaLimits{amp::detail::cuda::kChunkElems,
                                             amp::detail::cuda::kMaxTensorsPerLaunch,
                                             amp::detail::cuda::kMaxBlocksPerLaunch};
 
@@ -354,7 +354,7 @@ TEST_CASE("CUDA overflow attribution names list indices across 3000 tensors and 
     numels.push_back(n);
     clean.push_back(scaled_randn({n}, dtypes[i % 4]));
   }
-  REQUIRE(amp::detail::plan_launches(numels, kCudaLimits).size() >= 10);
+  REQUIRE(amp::kernels::plan_launches(numels, kCudaLimits).size() >= 10);
 
   const std::vector<int64_t> bad = {255, 256, 1500, 2999};
   auto grads = clones(clean);
@@ -399,7 +399,7 @@ TEST_CASE("A tensor split across two CUDA launches is checked and unscaled on bo
   // first launch and continues in the next one.
   const int64_t first_chunks = kCudaLimits.max_blocks - 72;
   const std::vector<int64_t> numels = {first_chunks * kChunk, 200 * kChunk + 17};
-  const auto launches = amp::detail::plan_launches(numels, kCudaLimits);
+  const auto launches = amp::kernels::plan_launches(numels, kCudaLimits);
   REQUIRE(launches.size() == 2);
   REQUIRE(launches[0].tensors == std::vector<int64_t>{0, 1});
   REQUIRE(launches[1].tensors == std::vector<int64_t>{1});
@@ -736,7 +736,7 @@ TEST_CASE("The CUDA norm is bit-identical run to run and rounds the exact norm",
   }
   grads.push_back(torch::tensor(extras).to(kCuda));
   numels.push_back(static_cast<int64_t>(extras.size()));
-  REQUIRE(amp::detail::plan_launches(numels, kCudaLimits).size() >= 2);
+  REQUIRE(amp::kernels::plan_launches(numels, kCudaLimits).size() >= 2);
 
   // inv_scale 1/8 keeps every product exact and the tie a tie (at m / 8).
   const auto inv = scalar(0.125f);

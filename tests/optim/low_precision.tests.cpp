@@ -16,7 +16,7 @@
 #include <amp/low_precision.h>
 #include <amp/optim.h>
 
-#include "optim/low_precision_element.h"
+#include "optim/element.h"
 #include "support/host_reads.h"
 #include "support/optim_helpers.h"
 

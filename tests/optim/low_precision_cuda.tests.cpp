@@ -27,12 +27,13 @@ namespace {
 const torch::Device kCuda(torch::kCUDA);
 const torch::Device kCpu(torch::kCPU);
 
-enum class Family { kAdamW, kAdamAmsgradL2, kSgdNesterov, kSgdPlain };
+enum class Family { kAdamW, kAdamAmsgradL2, kSgdNesterov, kSgdPlain, kLion };
 enum class Mode { kNearest, kMaster, kKahan, kStochastic };
 
 std::string describe(Family family, Mode mode, torch::Dtype dtype) {
   const char* families[] = {"AdamW", "Adam (amsgrad, L2, fp32 state)",
-                            "SGD (Nesterov, weight decay, fp16 state)", "SGD (no momentum)"};
+                            "SGD (Nesterov, weight decay, fp16 state)", "SGD (no momentum)",
+                            "Lion (weight decay)"};
   const char* modes[] = {"round to nearest", "master weights", "Kahan", "stochastic rounding"};
   return std::string(families[static_cast<int>(family)]) + ", " + modes[static_cast<int>(mode)] +
          ", " + (dtype == torch::kBFloat16 ? "bf16" : "fp16");
@@ -69,6 +70,10 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(Family family, Mode mode
       if (mode == Mode::kNearest) o.state_dtype(torch::kFloat);
       return std::make_unique<FusedSGD>(params, o);
     }
+    case Family::kLion:
+      // Round to nearest without a state dtype keeps the momentum in the parameter's dtype.
+      return std::make_unique<amp::optim::FusedLion>(
+          params, with_mode(amp::optim::FusedLionOptions(1e-3).weight_decay(0.1), mode));
   }
   return nullptr;
 }
@@ -112,6 +117,11 @@ std::vector<torch::Tensor> state_tensors(torch::optim::Optimizer& opt,
                             adam->max_exp_avg_sq(), adam->master_weight(), adam->kahan_comp()}) {
         add(t);
       }
+    } else if (auto* lion = dynamic_cast<amp::optim::FusedLionParamState*>(&state)) {
+      for (const auto& t :
+           {lion->step(), lion->exp_avg(), lion->master_weight(), lion->kahan_comp()}) {
+        add(t);
+      }
     } else {
       auto& sgd = dynamic_cast<FusedSGDParamState&>(state);
       for (const auto& t :
@@ -133,8 +143,8 @@ std::vector<torch::Tensor> on_cpu(const std::vector<torch::Tensor>& ts, bool gra
 
 TEST_CASE("CUDA low-precision steps give the CPU's bits: every family, write-back and dtype",
           "[optim][low_precision][cuda]") {
-  const Family family =
-      GENERATE(Family::kAdamW, Family::kAdamAmsgradL2, Family::kSgdNesterov, Family::kSgdPlain);
+  const Family family = GENERATE(Family::kAdamW, Family::kAdamAmsgradL2, Family::kSgdNesterov,
+                                 Family::kSgdPlain, Family::kLion);
   const Mode mode = GENERATE(Mode::kNearest, Mode::kMaster, Mode::kKahan, Mode::kStochastic);
   const torch::Dtype dtype = GENERATE(torch::kBFloat16, torch::kHalf);
   if (mode == Mode::kStochastic && dtype == torch::kHalf) return;  // refused (tested on the CPU)
@@ -170,6 +180,33 @@ TEST_CASE("CUDA low-precision steps give the CPU's bits: every family, write-bac
     } else {
       CHECK_FALSE(all_same_bits(on_cpu(gpu_params), before));
     }
+  }
+}
+
+TEST_CASE("CUDA FusedLion on float32 parameters gives the CPU's bits, skipped steps included",
+          "[optim][lion][cuda]") {
+  // The rule's fused multiply-adds are __fmaf_rn on the GPU and fmaf on the CPU: one rounding
+  // each, the same bits; the sizes cross the kernel's chunks and its 8-element vector path.
+  auto cpu_params = make_params(kCpu, torch::kFloat);
+  auto gpu_params = make_params(kCuda, torch::kFloat);
+  amp::optim::FusedLion cpu_opt(cpu_params, amp::optim::FusedLionOptions(1e-3).weight_decay(0.1));
+  amp::optim::FusedLion gpu_opt(gpu_params, amp::optim::FusedLionOptions(1e-3).weight_decay(0.1));
+  amp::GradScaler cpu_scaler(c10::DeviceType::CPU, amp::GradScalerOptions().init_scale(1024.0));
+  amp::GradScaler gpu_scaler(c10::DeviceType::CUDA, amp::GradScalerOptions().init_scale(1024.0));
+  for (int k = 0; k < 4; ++k) {
+    INFO("step " << k);
+    const bool poison = k == 1;
+    const double scale = cpu_scaler.get_scale();
+    set_grads(cpu_params, k, scale, poison);
+    set_grads(gpu_params, k, scale, poison);
+    (void)cpu_scaler.scale(torch::ones({}));
+    (void)gpu_scaler.scale(torch::ones({}, kCuda));
+    cpu_scaler.step(cpu_opt);
+    gpu_scaler.step(gpu_opt);
+    cpu_scaler.update();
+    gpu_scaler.update();
+    CHECK(all_same_bits(on_cpu(gpu_params), on_cpu(cpu_params)));
+    CHECK(all_same_bits(state_tensors(gpu_opt, gpu_params), state_tensors(cpu_opt, cpu_params)));
   }
 }
 

@@ -282,12 +282,16 @@ TEST_CASE("MinScalePolicy::kThrow still throws after a fused step that overflowe
 
 TEST_CASE("scale, step and update read nothing back to the host with a fused optimizer",
           "[optim][scaler]") {
-  const int kind = GENERATE(0, 1, 2);  // FusedAdamW, FusedSGD, FusedAdamW after unscale_
+  // FusedAdamW, FusedSGD, FusedAdamW after unscale_, FusedLion (amp's step engine)
+  const int kind = GENERATE(0, 1, 2, 3);
   INFO("kind " << kind);
   Net net(6);
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (kind == 1) {
     opt = std::make_unique<FusedSGD>(net.params(), FusedSGDOptions(0.1).momentum(0.9));
+  } else if (kind == 3) {
+    opt = std::make_unique<amp::optim::FusedLion>(
+        net.params(), amp::optim::FusedLionOptions(1e-3).weight_decay(0.1));
   } else {
     opt = std::make_unique<FusedAdamW>(net.params(), FusedAdamWOptions(0.01).amsgrad(true));
   }

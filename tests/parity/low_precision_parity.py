@@ -17,7 +17,8 @@ from low_precision_reference import LowPrecisionOptimizer
 from optim_parity import compare_runs, run_reference
 from scaler_parity import DTYPES, make_inputs, scenario_config
 
-# mode: nearest, master, kahan or sr. state_dtype: "" (the default: float32) or a dtype name. resume_at: the C++ run saves its optimizer
+# mode: nearest, master, kahan or sr. state_dtype: "" (the default: float32) or a dtype name.
+# resume_at: the C++ run saves its optimizer
 # before that step and continues in a new one loaded from the checkpoint.
 DEFAULTS = dict(device="cpu", optimizer="adamw", steps=10, autocast="none",
                 param_dtype="bfloat16", scaler="none", init_scale=1024.0, growth_interval=3,
@@ -55,6 +56,15 @@ SCENARIOS = {
                                  scaler="enabled"),
     "adam_bf16_kahan_resume": dict(optimizer="adam", mode="kahan", steps=12, resume_at=6,
                                    weight_decay=0.02),
+    "lion_bf16_kahan": dict(optimizer="lion", mode="kahan", lr=1e-3, beta2=0.99,
+                            weight_decay=0.05, steps=12),
+    "lion_bf16_sr_scaled_skips": dict(optimizer="lion", mode="sr", lr=1e-3, beta2=0.99, seed=9,
+                                      weight_decay=0.0, scaler="enabled", inject=[[3, 1]]),
+    "lion_fp16_master_resume": dict(optimizer="lion", mode="master", param_dtype="float16",
+                                    lr=1e-3, beta2=0.99, scaler="enabled", init_scale=64.0,
+                                    steps=12, resume_at=5, inject=[[7, 0]]),
+    "lion_bf16_nearest_bf16_state": dict(optimizer="lion", mode="nearest", lr=1e-3, beta2=0.99,
+                                         state_dtype="bfloat16"),
     "sgd_bf16_master_resume_unscale_clip": dict(optimizer="sgd", mode="master",
                                                 lr=0.05, momentum=0.9,
                                                 scaler="enabled", clip=0.05, resume_at=4,

@@ -1,8 +1,10 @@
-"""The arithmetic of amp's low-precision optimizer modes, in PyTorch ops (the reference).
+"""The arithmetic of amp's optimizer step engine, in PyTorch ops (the reference).
 
 amp::optim's FusedAdam/FusedAdamW/FusedSGD with master_weights, kahan_summation,
-stochastic_rounding or state_dtype update bfloat16/float16 parameters with PyTorch's Adam, AdamW
-and SGD arithmetic in float32, one rounding per operation, and write the result back:
+stochastic_rounding or state_dtype, and FusedLion, update bfloat16/float16 parameters with
+PyTorch's Adam, AdamW and SGD arithmetic (Lion's as the lion-pytorch package computes it, with
+fused multiply-adds where ATen fuses) in float32, one rounding per operation, and write the
+result back:
   round to nearest     param = round(param + u)
   master weights       master = master + u (float32); param = round(master)
   Kahan summation      comp = round(comp + u); new = round(param + comp);
@@ -82,9 +84,25 @@ def sqrt(a):
     return a.double().sqrt().float()
 
 
+def fma(a, b, c):
+    """float32 a * b + c with one rounding: the product is exact in float64, the sum's error is
+    recovered exactly (TwoSum) and folded in by rounding to odd, after which the rounding to
+    float32 is the correctly rounded fused result."""
+    p = a.double() * b.double()
+    c = c.double()
+    s = p + c
+    bp = s - p
+    e = (p - (s - bp)) + (c - bp)
+    odd = (s.view(torch.int64) & 1) == 1
+    toward = torch.where(e > 0, torch.full_like(s, math.inf), torch.full_like(s, -math.inf))
+    s = torch.where((e != 0) & ~odd, torch.nextafter(s, toward), s)
+    return s.float()
+
+
 class LowPrecisionOptimizer(torch.optim.Optimizer):
-    """kind: "adam", "adamw" or "sgd"; mode: "nearest", "master", "kahan" or "sr"; state_dtype:
-    the moments' dtype. `mutate` (a test of the test) drops one operation of the Kahan update."""
+    """kind: "adam", "adamw", "sgd" or "lion"; mode: "nearest", "master", "kahan" or "sr";
+    state_dtype: the moments' dtype. `mutate` (a test of the test) drops one operation of the
+    Kahan update."""
 
     _step_supports_amp_scaling = True
 
@@ -127,6 +145,8 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
                 if group["momentum"] != 0:
                     state["momentum_buffer"] = zeros()
                     state["first"] = True
+            elif self.kind == "lion":
+                state["exp_avg"] = zeros()
             else:
                 state["exp_avg"], state["exp_avg_sq"] = zeros(), zeros()
                 if group["amsgrad"]:
@@ -150,6 +170,12 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         w = state["master_weight"] if self.mode == "master" else p.float()
         if self.kind == "sgd":
             u = self._sgd(state, group, g, w)
+        elif self.kind == "lion":
+            new = self._lion(state, group, g, w)
+            if p.dtype == torch.float32 and self.mode == "nearest":
+                p.copy_(new)  # a float32 parameter takes lion-pytorch's value itself
+                return
+            u = sub(new, w)
         else:
             u = self._adam(state, group, g, w, count)
         self._write_back(p, state, w, u, count)
@@ -174,6 +200,17 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         if self.kind == "adamw" and wd != 0:
             delta = add(delta, mul(w, k(lr * wd, g)))
         return -delta
+
+    def _lion(self, state, group, g, w):
+        """The parameter's next value, as lion-pytorch's update_fn computes it on ATen (whose
+        x.add(y, alpha=a) is fma(y, a, x)); sign(NaN) is 0, as torch.sgn gives."""
+        beta1, beta2 = group["betas"]
+        lr, wd = group["lr"], group["weight_decay"]
+        m = state["exp_avg"].float()
+        direction = torch.sgn(fma(g, k(1.0 - beta1, g), mul(m, k(beta1, g))))
+        new = fma(direction, k(-lr, g), mul(w, k(1.0 - lr * wd, g)))
+        state["exp_avg"] = fma(g, k(1.0 - beta2, g), mul(m, k(beta2, g))).to(self.state_dtype)
+        return new
 
     def _sgd(self, state, group, g, w):
         momentum = group["momentum"]

@@ -1,5 +1,5 @@
-// C++ twin of optim_parity.py's and low_precision_parity.py's reference training: amp::optim's
-// fused optimizers (optionally in a low-precision mode) with amp::GradScaler and
+// C++ twin of optim_parity.py's, lion_parity.py's and low_precision_parity.py's reference
+// training: amp::optim's optimizers (optionally in a low-precision mode) with amp::GradScaler and
 // amp::AutocastGuard, recording parameters and optimizer state every step.
 #include <torch/torch.h>
 
@@ -70,6 +70,13 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Inputs& in,
     return std::make_unique<optim::FusedSGD>(make_groups<optim::FusedSGDOptions>(params, lr2),
                                              options);
   }
+  if (kind == "lion") {
+    auto options = low_precision(in, optim::FusedLionOptions(lr)
+                                         .betas({in.real("beta1"), in.real("beta2")})
+                                         .weight_decay(in.real("weight_decay")));
+    return std::make_unique<optim::FusedLion>(make_groups<optim::FusedLionOptions>(params, lr2),
+                                              options);
+  }
   const auto adam = [&](auto options) {
     return low_precision(in, options.betas({in.real("beta1"), in.real("beta2")})
                                  .eps(in.real("eps"))
@@ -106,6 +113,12 @@ void record(c10::impl::GenericDict& out, int64_t step, const std::vector<torch::
       put("max_exp_avg_sq", i, adam->max_exp_avg_sq());
       put("master_weight", i, adam->master_weight());
       put("kahan_comp", i, adam->kahan_comp());
+    } else if (const auto* lion = dynamic_cast<const amp::optim::FusedLionParamState*>(
+                   found->second.get())) {
+      put("step", i, lion->step());
+      put("exp_avg", i, lion->exp_avg());
+      put("master_weight", i, lion->master_weight());
+      put("kahan_comp", i, lion->kahan_comp());
     } else {
       const auto& sgd = static_cast<const amp::optim::FusedSGDParamState&>(*found->second);
       put("momentum_buffer", i, sgd.momentum_buffer());

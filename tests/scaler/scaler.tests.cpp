@@ -8,6 +8,7 @@
 #include <string>
 
 #include <amp/grad_scaler.h>
+#include <amp/detail/option_fields.h>
 #include <amp/info.h>
 
 #include "scaler/validate.h"

@@ -33,9 +33,9 @@ struct RangeResult {
   double sumsq = 0.0;
 };
 
-/// Processes elements [begin, end) of one tensor in `mode`; built once for baseline x86-64 and
-/// once for AVX2+FMA+F16C (list_kernels_avx2.cpp) and once for AVX-512 (list_kernels_avx512.cpp),
-/// the widest the CPU has chosen at run time.
+/// Processes elements [begin, end) of one tensor in `mode`; list_kernels_impl.h built for
+/// baseline x86-64, AVX2+FMA+F16C and AVX-512 (amp_isa_sources), the widest the CPU runs chosen
+/// at run time (kernels::cpu_capability()).
 RangeResult process_range_default(const FlatTensor& tensor, int64_t begin, int64_t end,
                                   ListMode mode, float factor);
 RangeResult process_range_avx2(const FlatTensor& tensor, int64_t begin, int64_t end, ListMode mode,

@@ -1,5 +1,6 @@
-// The CPU list kernels' element loops, included once per instruction set (the including file
-// defines AMP_CPU_RANGE_FN, and CPU_CAPABILITY for at::vec, before including this header).
+// The CPU list kernels' element loops, compiled once per instruction set by amp_isa_sources
+// (cmake/AmpKernels.cmake), which defines AMP_ISA_FN and at::vec's CPU_CAPABILITY. Exports
+// process_range_default, _avx2 and _avx512; everything else has internal linkage.
 #include <cmath>
 #include <cstdint>
 
@@ -135,8 +136,8 @@ RangeResult moded_range(void* data, int64_t n, ListMode mode, float factor) {
 
 }  // namespace
 
-RangeResult AMP_CPU_RANGE_FN(const FlatTensor& tensor, int64_t begin, int64_t end, ListMode mode,
-                             float factor) {
+RangeResult AMP_ISA_FN(process_range)(const FlatTensor& tensor, int64_t begin, int64_t end,
+                                      ListMode mode, float factor) {
   const int64_t n = end - begin;
   switch (tensor.type) {
     case ElemType::kFloat:

@@ -98,8 +98,7 @@ __device__ void dispatch_chunk(void* data, ElemType type, int64_t begin, int n, 
                                ThreadState& st) {
   switch (type) {
     case ElemType::kFloat:
-      process_chunk<float, kCheck, kStore, kNorm>(static_cast<float*>(data) + begin, n, factor,
-                                                  st);
+      process_chunk<float, kCheck, kStore, kNorm>(static_cast<float*>(data) + begin, n, factor, st);
       break;
     case ElemType::kHalf:
       process_chunk<__half, kCheck, kStore, kNorm>(static_cast<__half*>(data) + begin, n, factor,

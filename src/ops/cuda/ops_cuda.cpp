@@ -10,9 +10,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "kernels/launch_plan.h"
 #include "ops/cuda/kernels.cuh"
 #include "ops/dense_list.h"
-#include "ops/launch_plan.h"
 #include "ops/op_table.h"
 #include "ops/validate.h"
 
@@ -26,11 +26,11 @@ void run_list(at::TensorList grads, const ListArgs& args, bool stores) {
   const std::vector<FlatTensor>& flat = list.flat();
   std::vector<int64_t> numels(flat.size());
   for (size_t k = 0; k < flat.size(); ++k) numels[k] = flat[k].numel;
-  const auto launches =
-      plan_launches(numels, LaunchLimits{kChunkElems, kMaxTensorsPerLaunch, kMaxBlocksPerLaunch});
+  const auto launches = kernels::plan_launches(
+      numels, kernels::LaunchLimits{kChunkElems, kMaxTensorsPerLaunch, kMaxBlocksPerLaunch});
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   LaunchMeta meta;
-  for (const PlannedLaunch& launch : launches) {
+  for (const kernels::PlannedLaunch& launch : launches) {
     meta.tensor_count = static_cast<int32_t>(launch.tensors.size());
     meta.block_count = static_cast<int32_t>(launch.blocks.size());
     for (size_t s = 0; s < launch.tensors.size(); ++s) {

@@ -7,7 +7,7 @@
 
 #include <c10/util/ArrayRef.h>
 
-namespace amp::detail {
+namespace amp::kernels {
 
 /// Limits one launch must respect (the kernel's metadata arrays are sized by them).
 struct LaunchLimits {
@@ -37,4 +37,4 @@ struct PlannedLaunch {
 /// Errors: c10::Error when a limit is not positive or chunk_elems is not a multiple of 8.
 std::vector<PlannedLaunch> plan_launches(c10::ArrayRef<int64_t> numels, const LaunchLimits& limits);
 
-}  // namespace amp::detail
+}  // namespace amp::kernels

@@ -1,9 +1,9 @@
 // Launch planning for multi-tensor kernels (see launch_plan.h).
-#include "ops/launch_plan.h"
+#include "kernels/launch_plan.h"
 
 #include <c10/util/Exception.h>
 
-namespace amp::detail {
+namespace amp::kernels {
 
 std::vector<PlannedLaunch> plan_launches(c10::ArrayRef<int64_t> numels,
                                          const LaunchLimits& limits) {
@@ -38,4 +38,4 @@ std::vector<PlannedLaunch> plan_launches(c10::ArrayRef<int64_t> numels,
   return launches;
 }
 
-}  // namespace amp::detail
+}  // namespace amp::kernels

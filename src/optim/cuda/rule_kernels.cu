@@ -1,7 +1,10 @@
-// The low-precision optimizer kernels on CUDA: each block updates one chunk of one parameter with
-// the element arithmetic the CPU uses (low_precision_element.h; this file is built with
-// --fmad=false so the bits agree), skipping on the scaler's flag without a host read.
-#include "optim/cuda/low_precision_kernels.cuh"
+// The step engine's CUDA kernel: each block updates one chunk of one parameter with a rule's
+// element arithmetic, the CPU's (rules/*.h; this file is built with --fmad=false so that the bits
+// agree), skipping on the scaler's flag without a host read. One kernel template for every rule
+// of rules/all.h.
+#include "optim/cuda/rule_kernels.cuh"
+
+#include "optim/rules/all.h"
 
 #include <cstdint>
 #include <cstring>
@@ -11,10 +14,14 @@ namespace amp::optim::detail::cuda {
 namespace {
 
 template <typename P, typename S>
-__device__ lp::Pointers<P, S> typed(const LowPrecisionTensor& t) {
-  return {static_cast<typename P::Raw*>(t.param), static_cast<typename P::Raw*>(t.grad), t.master,
-          static_cast<typename P::Raw*>(t.comp),  static_cast<typename S::Raw*>(t.state0),
-          static_cast<typename S::Raw*>(t.state1), static_cast<typename S::Raw*>(t.state2)};
+__device__ lp::Pointers<P, S> typed(const StepTensor& t) {
+  return {static_cast<typename P::Raw*>(t.param),
+          static_cast<typename P::Raw*>(t.grad),
+          t.master,
+          static_cast<typename P::Raw*>(t.comp),
+          static_cast<typename S::Raw*>(t.state0),
+          static_cast<typename S::Raw*>(t.state1),
+          static_cast<typename S::Raw*>(t.state2)};
 }
 
 // Thread 0 works out the block's constants once; the others read them from shared memory.
@@ -26,7 +33,7 @@ __device__ Scalars block_scalars(const Make& make) {
   return shared;
 }
 
-// Elements a thread takes at once in the vector path: 16 bytes of bfloat16/float16.
+// Elements a thread takes at once in the vector path: 16 bytes of bfloat16/float16 (32 of float).
 constexpr int kVec = 8;
 
 __device__ bool aligned16(const void* ptr) {
@@ -55,18 +62,17 @@ __device__ void store_vec(T* dst, const T (&src)[kVec]) {
 
 // Runs element(pointers, scalars, key, i, index) over the block's chunk, then writes the unscaled
 // gradient. When every tensor of the parameter is 16-byte aligned (chunks start at multiples of
-// kLowPrecisionChunkElems, so then every chunk is), each thread loads 8 elements of each tensor
+// kStepChunkElems, so then every chunk is), each thread loads 8 elements of each tensor
 // in 16-byte words, updates them in registers and stores them back; the rest of the chunk (or a
 // misaligned parameter) goes element by element. Both run the same element arithmetic.
 template <typename P, typename S, typename Scalars, typename Element>
-__device__ void run_chunk(const LowPrecisionMeta& meta, const LowPrecisionArgs& args,
-                          const Scalars& c, float count, const Element& element) {
-  const LowPrecisionTensor& t = meta.tensor[meta.block_tensor[blockIdx.x]];
+__device__ void run_chunk(const StepMeta& meta, const StepLaunchArgs& args, const Scalars& c,
+                          float count, const Element& element) {
+  const StepTensor& t = meta.tensor[meta.block_tensor[blockIdx.x]];
   const lp::Pointers<P, S> p = typed<P, S>(t);
   const uint64_t key = lp::tensor_key(args.seed, t.stream, static_cast<uint64_t>(count));
-  const int64_t begin = static_cast<int64_t>(meta.block_chunk[blockIdx.x]) * kLowPrecisionChunkElems;
-  const int64_t end =
-      t.numel - begin < kLowPrecisionChunkElems ? t.numel : begin + kLowPrecisionChunkElems;
+  const int64_t begin = static_cast<int64_t>(meta.block_chunk[blockIdx.x]) * kStepChunkElems;
+  const int64_t end = t.numel - begin < kStepChunkElems ? t.numel : begin + kStepChunkElems;
   const bool unscale = args.grad_scale != nullptr;
   int64_t scalar_from = begin;
   if (aligned16(t.param) && aligned16(t.grad) && aligned16(t.master) && aligned16(t.comp) &&
@@ -107,41 +113,27 @@ __device__ void run_chunk(const LowPrecisionMeta& meta, const LowPrecisionArgs& 
   }
 }
 
-bool __device__ skipped(const LowPrecisionArgs& args) {
+bool __device__ skipped(const StepLaunchArgs& args) {
   return args.found_inf != nullptr && *args.found_inf != 0.0f;
 }
 
-float __device__ scale_of(const LowPrecisionArgs& args) {
+float __device__ scale_of(const StepLaunchArgs& args) {
   return args.grad_scale != nullptr ? *args.grad_scale : 1.0f;
 }
 
-template <typename P, typename S, WriteBack W, bool kFlag>
-__global__ void __launch_bounds__(kLowPrecisionThreads)
-    adam_kernel(const __grid_constant__ LowPrecisionMeta meta, const AdamHyper hyper,
-                const LowPrecisionArgs args) {
+template <typename Rule, typename P, typename S, WriteBack W, bool kFlag>
+__global__ void __launch_bounds__(kStepThreads)
+    rule_kernel(const __grid_constant__ StepMeta meta, const typename Rule::Hyper hyper,
+                const StepLaunchArgs args) {
   if (skipped(args)) return;
-  const LowPrecisionTensor& t = meta.tensor[meta.block_tensor[blockIdx.x]];
+  const StepTensor& t = meta.tensor[meta.block_tensor[blockIdx.x]];
   const float count = *t.step + 1.0f;
-  const AdamScalars c = block_scalars<AdamScalars>(
-      [&] { return lp::adam_scalars(hyper, count, scale_of(args)); });
+  using Scalars = typename Rule::Scalars;
+  const Scalars c = block_scalars<Scalars>(
+      [&] { return Rule::scalars(hyper, count, t.first != 0, scale_of(args)); });
   run_chunk<P, S>(meta, args, c, count,
-                  [](const auto& p, const auto& c, uint64_t key, int64_t i, int64_t index) {
-                    lp::adam_element<P, S, W, kFlag>(p, c, key, i, index);
-                  });
-}
-
-template <typename P, typename S, WriteBack W, bool kFlag>
-__global__ void __launch_bounds__(kLowPrecisionThreads)
-    sgd_kernel(const __grid_constant__ LowPrecisionMeta meta, const SgdHyper hyper,
-               const LowPrecisionArgs args) {
-  if (skipped(args)) return;
-  const LowPrecisionTensor& t = meta.tensor[meta.block_tensor[blockIdx.x]];
-  const float count = *t.step + 1.0f;
-  const SgdScalars c = block_scalars<SgdScalars>(
-      [&] { return lp::sgd_scalars(hyper, t.first_momentum != 0, scale_of(args)); });
-  run_chunk<P, S>(meta, args, c, count,
-                  [](const auto& p, const auto& c, uint64_t key, int64_t i, int64_t index) {
-                    lp::sgd_element<P, S, W, kFlag>(p, c, key, i, index);
+                  [](const auto& p, const Scalars& c, uint64_t key, int64_t i, int64_t index) {
+                    Rule::template element<P, S, W, kFlag>(p, c, key, i, index);
                   });
 }
 
@@ -152,16 +144,19 @@ __global__ void count_steps_kernel(const __grid_constant__ StepCounts counts,
   if (k < counts.count) *counts.step[k] += 1.0f;
 }
 
-// Calls fn(P{}, S{}, write-back constant, flag constant) for the args' instantiation; returns
-// cudaErrorInvalidValue for a combination no kernel exists for.
-template <typename Fn>
-cudaError_t dispatch(const LowPrecisionArgs& args, const Fn& fn) {
+// Calls fn(P{}, S{}, write-back constant, flag constant) for the args' instantiation (the CPU
+// loops' combinations: float32 parameters with float32 state and the plain write-back, stochastic
+// rounding on bfloat16); returns cudaErrorInvalidValue for a combination no kernel exists for.
+template <typename Rule, typename Fn>
+cudaError_t dispatch(const StepLaunchArgs& args, const Fn& fn) {
   const auto with_flag = [&](auto p, auto s, auto w) {
-    if (args.flag) {
-      fn(p, s, w, std::true_type{});
-    } else {
-      fn(p, s, w, std::false_type{});
+    if constexpr (Rule::kHasFlag) {
+      if (args.flag) {
+        fn(p, s, w, std::true_type{});
+        return cudaGetLastError();
+      }
     }
+    fn(p, s, w, std::false_type{});
     return cudaGetLastError();
   };
   const auto with_write_back = [&](auto p, auto s) -> cudaError_t {
@@ -170,9 +165,15 @@ cudaError_t dispatch(const LowPrecisionArgs& args, const Fn& fn) {
       case WriteBack::kRoundNearest:
         return with_flag(p, s, std::integral_constant<WriteBack, WriteBack::kRoundNearest>{});
       case WriteBack::kMasterWeights:
-        return with_flag(p, s, std::integral_constant<WriteBack, WriteBack::kMasterWeights>{});
+        if constexpr (!std::is_same_v<P, lp::F32>) {
+          return with_flag(p, s, std::integral_constant<WriteBack, WriteBack::kMasterWeights>{});
+        }
+        break;
       case WriteBack::kKahan:
-        return with_flag(p, s, std::integral_constant<WriteBack, WriteBack::kKahan>{});
+        if constexpr (!std::is_same_v<P, lp::F32>) {
+          return with_flag(p, s, std::integral_constant<WriteBack, WriteBack::kKahan>{});
+        }
+        break;
       case WriteBack::kStochastic:
         if constexpr (std::is_same_v<P, lp::Bf16>) {
           return with_flag(p, s, std::integral_constant<WriteBack, WriteBack::kStochastic>{});
@@ -182,13 +183,16 @@ cudaError_t dispatch(const LowPrecisionArgs& args, const Fn& fn) {
     return cudaErrorInvalidValue;
   };
   const auto with_state = [&](auto p) -> cudaError_t {
+    using P = decltype(p);
     switch (args.state_type) {
       case StorageType::kFloat:
         return with_write_back(p, lp::F32{});
       case StorageType::kBFloat16:
-        return with_write_back(p, lp::Bf16{});
+        if constexpr (!std::is_same_v<P, lp::F32>) return with_write_back(p, lp::Bf16{});
+        break;
       case StorageType::kHalf:
-        return with_write_back(p, lp::F16{});
+        if constexpr (!std::is_same_v<P, lp::F32>) return with_write_back(p, lp::F16{});
+        break;
     }
     return cudaErrorInvalidValue;
   };
@@ -198,29 +202,26 @@ cudaError_t dispatch(const LowPrecisionArgs& args, const Fn& fn) {
     case StorageType::kHalf:
       return with_state(lp::F16{});
     case StorageType::kFloat:
-      break;
+      return with_state(lp::F32{});
   }
   return cudaErrorInvalidValue;
 }
 
 }  // namespace
 
-cudaError_t launch_adam_low_precision(const LowPrecisionMeta& meta, const AdamHyper& hyper,
-                                      const LowPrecisionArgs& args, cudaStream_t stream) {
+cudaError_t launch_rule_step(const StepMeta& meta, const void* hyper, const StepLaunchArgs& args,
+                             cudaStream_t stream) {
   if (meta.block_count == 0) return cudaSuccess;
-  return dispatch(args, [&](auto p, auto s, auto w, auto flag) {
-    adam_kernel<decltype(p), decltype(s), decltype(w)::value, decltype(flag)::value>
-        <<<meta.block_count, kLowPrecisionThreads, 0, stream>>>(meta, hyper, args);
+  cudaError_t status = cudaErrorInvalidValue;
+  lp::with_rule(args.rule, [&](auto rule) {
+    using Rule = decltype(rule);
+    const auto& typed_hyper = *static_cast<const typename Rule::Hyper*>(hyper);
+    status = dispatch<Rule>(args, [&](auto p, auto s, auto w, auto flag) {
+      rule_kernel<Rule, decltype(p), decltype(s), decltype(w)::value, decltype(flag)::value>
+          <<<meta.block_count, kStepThreads, 0, stream>>>(meta, typed_hyper, args);
+    });
   });
-}
-
-cudaError_t launch_sgd_low_precision(const LowPrecisionMeta& meta, const SgdHyper& hyper,
-                                     const LowPrecisionArgs& args, cudaStream_t stream) {
-  if (meta.block_count == 0) return cudaSuccess;
-  return dispatch(args, [&](auto p, auto s, auto w, auto flag) {
-    sgd_kernel<decltype(p), decltype(s), decltype(w)::value, decltype(flag)::value>
-        <<<meta.block_count, kLowPrecisionThreads, 0, stream>>>(meta, hyper, args);
-  });
+  return status;
 }
 
 cudaError_t launch_count_steps(const StepCounts& counts, const float* found_inf,

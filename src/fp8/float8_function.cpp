@@ -1,0 +1,173 @@
+// The autograd function behind Float8Linear (float8_function.h): torchao's
+// matmul_with_hp_or_float8_args op for op, in a C++ torch::autograd::Function.
+#include "fp8/float8_function.h"
+
+#include <optional>
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace amp::fp8::detail {
+
+c10::ScalarType gemm_dtype(c10::ScalarType dtype, c10::DeviceType device) {
+  if (at::autocast::is_autocast_enabled(device) && at::isFloatingType(dtype) &&
+      dtype != at::kDouble) {
+    return at::autocast::get_autocast_dtype(device);
+  }
+  return dtype;
+}
+
+namespace {
+
+// Whether an operand's cast for its second GEMM reuses the forward's float8 tensor (saved for the
+// backward) instead of casting the high-precision tensor again. Delayed scaling casts each
+// operand once per step, so it always reuses. A dynamic recipe reuses the input and grad_output
+// when both their casts are the same tensorwise cast (the bits are then the same: the input keeps
+// 1 byte an element for the backward instead of the activation, grad_output is cast once); the
+// weight it casts again, as torchao does, since the parameter is held anyway and a float8 copy
+// would add a byte per parameter.
+bool reuse_forward_cast(const Recipe& recipe, Role role, const CastConfig& forward,
+                        const CastConfig& second) {
+  if (recipe.delayed_scaling) return true;
+  return role != kWeight && forward == second && forward.enabled &&
+         forward.granularity == Granularity::tensorwise;
+}
+
+Float8Operand cast(LayerContext& layer, Role role, const CastConfig& config, const at::Tensor& x,
+                   int64_t axis) {
+  if (layer.recipe.delayed_scaling) {
+    return cast_delayed(x, config.dtype, layer.delayed[role], *layer.recipe.delayed_scaling);
+  }
+  return cast_dynamic(x, config, axis, layer.recipe.round_scales_to_power_of_2);
+}
+
+void save_operand(torch::autograd::AutogradContext* ctx, const std::string& key,
+                  const Float8Operand& op) {
+  ctx->saved_data[key + "_data"] = op.data;
+  ctx->saved_data[key + "_scale"] = op.scale;
+  ctx->saved_data[key + "_dtype"] = static_cast<int64_t>(op.orig_dtype);
+}
+
+Float8Operand load_operand(torch::autograd::AutogradContext* ctx, const std::string& key) {
+  return Float8Operand{
+      ctx->saved_data[key + "_data"].toTensor(), ctx->saved_data[key + "_scale"].toTensor(),
+      static_cast<c10::ScalarType>(ctx->saved_data[key + "_dtype"].toInt()), std::nullopt};
+}
+
+// torchao's matmul_with_hp_or_float8_args: forward(input [..., K], weight [N, K]) -> [..., N]
+// with three GEMMs, each float8 or (when the recipe disables its casts) high precision.
+struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& weight, c10::intrusive_ptr<LayerContext> layer) {
+    const auto& r = layer->recipe;
+    const auto weight_t = weight.t();
+    const auto out_dtype = gemm_dtype(input.scalar_type(), input.device().type());
+
+    at::Tensor output;
+    if (r.input.enabled) {
+      auto input_fp8 = cast(*layer, kInput, r.input, input, -1).flatten_rows();
+      auto weight_fp8 = cast(*layer, kWeight, r.weight, weight_t, 0);
+      output = scaled_mm(input_fp8, weight_fp8, out_dtype, r.output_fast_accum);
+      if (layer->needs_grad_weight &&
+          reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight)) {
+        save_operand(ctx, "input", input_fp8);
+      }
+      if (layer->needs_grad_input &&
+          reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input)) {
+        save_operand(ctx, "weight", weight_fp8);
+      }
+    } else {
+      output = at::mm(input.reshape({-1, input.size(-1)}), weight_t);
+    }
+    auto sizes = input.sizes().vec();
+    sizes.back() = output.size(-1);
+    // The high-precision tensors only where the backward casts them differently from the forward
+    // or multiplies them in high precision: a tensorwise or delayed layer keeps its input in
+    // float8 (1 byte an element) for the backward.
+    const bool keep_input = layer->needs_grad_weight &&
+                            (!r.input_for_grad_weight.enabled ||
+                             !reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight));
+    const bool keep_weight = layer->needs_grad_input &&
+                             (!r.weight_for_grad_input.enabled ||
+                              !reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input));
+    ctx->save_for_backward(
+        {keep_input ? input : at::Tensor(), keep_weight ? weight : at::Tensor()});
+    ctx->saved_data["layer"] = c10::IValue::make_capsule(
+        c10::static_intrusive_pointer_cast<torch::CustomClassHolder>(layer));
+    return output.reshape(sizes);
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    auto layer =
+        c10::static_intrusive_pointer_cast<LayerContext>(ctx->saved_data["layer"].toCapsule());
+    const auto& r = layer->recipe;
+    const auto saved = ctx->get_saved_variables();
+    const auto& input = saved[0];
+    const auto& weight = saved[1];
+    const auto& grad_output = grads[0];
+    const auto grad_2d = grad_output.reshape({-1, grad_output.size(-1)});
+    const auto device = grad_output.device().type();
+
+    // grad_output in float8 is cast once and used by both GEMMs where the recipe allows it (a
+    // delayed layer's history sees one cast per backward whichever gradients are needed).
+    std::optional<Float8Operand> grad_fp8;
+    const auto grad_output_fp8 = [&]() -> const Float8Operand& {
+      if (!grad_fp8) grad_fp8 = cast(*layer, kGradOutput, r.grad_output, grad_2d, -1);
+      return *grad_fp8;
+    };
+
+    // grad_input = grad_output @ weight, unless the input needs no gradient.
+    at::Tensor grad_input;
+    if (layer->needs_grad_input) {
+      if (r.grad_output.enabled) {
+        auto weight_fp8 = reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input)
+                              ? load_operand(ctx, "weight")
+                              : cast_dynamic(weight.t(), r.weight_for_grad_input, -1,
+                                             r.round_scales_to_power_of_2);
+        grad_input = scaled_mm(grad_output_fp8(), weight_fp8.t(),
+                               gemm_dtype(grad_2d.scalar_type(), device), r.grad_input_fast_accum);
+      } else {
+        grad_input = at::mm(grad_2d, weight);
+      }
+      auto sizes = grad_output.sizes().vec();
+      sizes.back() = grad_input.size(-1);
+      grad_input = grad_input.reshape(sizes);
+    }
+
+    // grad_weight = grad_output.t() @ input, unless the weight is frozen.
+    at::Tensor grad_weight;
+    if (layer->needs_grad_weight) {
+      const auto input_2d = input.defined() ? input.reshape({-1, input.size(-1)}) : at::Tensor();
+      if (r.grad_output_for_grad_weight.enabled) {
+        auto grad_fp8_t =
+            reuse_forward_cast(r, kGradOutput, r.grad_output, r.grad_output_for_grad_weight)
+                ? grad_output_fp8().t()
+                : cast_dynamic(grad_2d, r.grad_output_for_grad_weight, 0,
+                               r.round_scales_to_power_of_2)
+                      .t();
+        auto input_fp8 =
+            reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight)
+                ? load_operand(ctx, "input")
+                : cast_dynamic(input_2d, r.input_for_grad_weight, 0, r.round_scales_to_power_of_2);
+        grad_weight = scaled_mm(grad_fp8_t, input_fp8, gemm_dtype(grad_2d.scalar_type(), device),
+                                r.grad_weight_fast_accum);
+      } else {
+        // torchao multiplies grad_output and the input as they are; under CPU autocast they
+        // differ (bf16 and float32) and at::mm refuses, so the input takes grad_output's dtype.
+        grad_weight = at::mm(grad_2d.t(), input_2d.to(grad_2d.scalar_type()));
+      }
+    }
+    return {grad_input, grad_weight, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor float8_linear_function(const at::Tensor& input, const at::Tensor& weight,
+                                  c10::intrusive_ptr<LayerContext> layer) {
+  return Float8LinearFunction::apply(input, weight, std::move(layer));
+}
+
+}  // namespace amp::fp8::detail

@@ -1,0 +1,83 @@
+// Adam and AdamW as an update rule of the step engine (rules/rule.h): PyTorch's Adam arithmetic
+// in float32, one rounding per operation, L2 or decoupled weight decay, amsgrad, maximize.
+#pragma once
+
+#include "optim/rules/rule.h"
+
+namespace amp::optim::detail {
+
+struct AdamHyper {
+  double lr, beta1, beta2, eps, weight_decay;
+  bool amsgrad, maximize, decoupled;
+};
+
+/// Float32 constants of one parameter's step, each rounded once from its double value (the
+/// reference does the same).
+struct AdamScalars {
+  float scale, sign;
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, lr_weight_decay;
+  float step_size, bias_correction2_sqrt;
+  bool l2, decoupled;
+};
+
+namespace lp {
+namespace {
+
+struct AdamRule {
+  using Hyper = AdamHyper;
+  using Scalars = AdamScalars;
+  static constexpr const char* kName = "Adam";
+  static constexpr bool kHasFlag = true;  // amsgrad
+  static constexpr bool kCountsSteps = true;
+  static bool flag(const Hyper& h) { return h.amsgrad; }
+
+  static AMP_HOST_DEVICE_INLINE Scalars scalars(const Hyper& h, float count, bool, float scale) {
+    Scalars c;
+    c.scale = scale;
+    c.sign = h.maximize ? -1.0f : 1.0f;
+    c.beta1 = static_cast<float>(h.beta1);
+    c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+    c.beta2 = static_cast<float>(h.beta2);
+    c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+    c.eps = static_cast<float>(h.eps);
+    c.weight_decay = static_cast<float>(h.weight_decay);
+    c.lr_weight_decay = static_cast<float>(h.lr * h.weight_decay);
+    c.step_size = static_cast<float>(h.lr / (1.0 - pow(h.beta1, static_cast<double>(count))));
+    c.bias_correction2_sqrt =
+        static_cast<float>(sqrt(1.0 - pow(h.beta2, static_cast<double>(count))));
+    c.l2 = !h.decoupled && h.weight_decay != 0.0;
+    c.decoupled = h.decoupled && h.weight_decay != 0.0;
+    return c;
+  }
+
+  /// Element i of the pointers, the element `index` of its parameter (the two differ when the
+  /// pointers are a copy of some elements in registers, as in the CUDA kernel's vector path).
+  template <typename P, typename S, WriteBack W, bool kAmsgrad>
+  static AMP_HOST_DEVICE_INLINE void element(const Pointers<P, S>& p, const Scalars& c,
+                                             uint64_t key, int64_t i, int64_t index) {
+    // Selects rather than branches: the CPU loop stays one straight line for the vectoriser.
+    float g = unscaled_grad<P>(p, i, c.scale, c.sign);
+    const float w = read_weight<P, W>(p, i);
+    g = c.l2 ? g + w * c.weight_decay : g;
+    // The state is stored, and read back, in its own dtype before the update uses it.
+    const auto m_raw = S::store(S::load(p.state0[i]) * c.beta1 + g * c.one_minus_beta1);
+    const auto v_raw = S::store(S::load(p.state1[i]) * c.beta2 + (g * g) * c.one_minus_beta2);
+    p.state0[i] = m_raw;
+    p.state1[i] = v_raw;
+    const float m = S::load(m_raw);
+    float v = S::load(v_raw);
+    if constexpr (kAmsgrad) {
+      const float before = S::load(p.state2[i]);
+      v = before < v ? v : before;
+      p.state2[i] = S::store(v);
+    }
+    const float denom = square_root(v) / c.bias_correction2_sqrt + c.eps;
+    float delta = (m / denom) * c.step_size;
+    delta = c.decoupled ? delta + w * c.lr_weight_decay : delta;
+    apply_update<P, W>(p, key, i, index, w, -delta);
+  }
+};
+
+}  // namespace
+}  // namespace lp
+}  // namespace amp::optim::detail

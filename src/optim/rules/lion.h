@@ -1,0 +1,75 @@
+// Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms") as an update rule of
+// the step engine (rules/rule.h), with the arithmetic of the lion-pytorch package on PyTorch:
+//   p = p * (1 - lr * weight_decay)                        (decoupled weight decay)
+//   p = p - lr * sign(beta1 * m + (1 - beta1) * g)         (the interpolated momentum's sign)
+//   m = beta2 * m + (1 - beta2) * g
+// in float32, where ATen's `x.add(y, alpha=a)` is one fused multiply-add (fmadd) and sign(NaN)
+// is 0, as torch.sgn gives.
+#pragma once
+
+#include <type_traits>
+
+#include "optim/rules/rule.h"
+
+namespace amp::optim::detail {
+
+struct LionHyper {
+  double lr, beta1, beta2, weight_decay;
+  bool maximize;
+};
+
+struct LionScalars {
+  float scale, sign;
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, neg_lr, decay;
+};
+
+namespace lp {
+namespace {
+
+struct LionRule {
+  using Hyper = LionHyper;
+  using Scalars = LionScalars;
+  static constexpr const char* kName = "Lion";
+  static constexpr bool kHasFlag = false;
+  static constexpr bool kCountsSteps = false;
+  static bool flag(const Hyper&) { return false; }
+
+  static AMP_HOST_DEVICE_INLINE Scalars scalars(const Hyper& h, float, bool, float scale) {
+    // Each constant as Python forms it (a double) and ATen passes it to a float32 kernel.
+    Scalars c;
+    c.scale = scale;
+    c.sign = h.maximize ? -1.0f : 1.0f;
+    c.beta1 = static_cast<float>(h.beta1);
+    c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+    c.beta2 = static_cast<float>(h.beta2);
+    c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+    c.neg_lr = static_cast<float>(-h.lr);
+    c.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
+    return c;
+  }
+
+  template <typename P, typename S, WriteBack W, bool>
+  static AMP_HOST_DEVICE_INLINE void element(const Pointers<P, S>& p, const Scalars& c,
+                                             uint64_t key, int64_t i, int64_t index) {
+    const float g = unscaled_grad<P>(p, i, c.scale, c.sign);
+    const float w = read_weight<P, W>(p, i);
+    const float m = S::load(p.state0[i]);
+    const float interpolated = fmadd(g, c.one_minus_beta1, m * c.beta1);
+    const float direction =
+        static_cast<float>(interpolated > 0.0f) - static_cast<float>(interpolated < 0.0f);
+    // The decayed weight and the step along the sign: two roundings, as lion-pytorch's mul_ then
+    // add_ (the product direction * lr is exact).
+    const float next = fmadd(direction, c.neg_lr, w * c.decay);
+    p.state0[i] = S::store(fmadd(g, c.one_minus_beta2, m * c.beta2));
+    if constexpr (std::is_same_v<P, F32> && W == WriteBack::kRoundNearest) {
+      p.param[i] = next;  // float32 parameters: lion-pytorch's value itself
+    } else {
+      // A low-precision parameter: the float32 update goes through the write-back.
+      apply_update<P, W>(p, key, i, index, w, next - w);
+    }
+  }
+};
+
+}  // namespace
+}  // namespace lp
+}  // namespace amp::optim::detail

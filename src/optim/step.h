@@ -1,0 +1,69 @@
+// amp's optimizer step engine: one update rule (rules/*.h) over a list of parameters of one dtype
+// on one device, with the state dtype and write-back the options chose, unscaling by GradScaler's
+// scale and skipping on its flag without a host read. The CPU runs it as one parallel loop (built
+// per instruction set), CUDA as multi-tensor launches; both give the same bits. Adam and SGD use
+// it for bfloat16/float16 parameters (ATen's fused kernels update their float32 ones), Lion for
+// every dtype.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include "kernels/dispatch.h"
+#include "optim/rules/all.h"
+
+namespace amp::optim::detail {
+
+/// One parameter's tensors for a step: all contiguous, on the parameter's device, shaped like
+/// `param` (undefined where the step keeps no such tensor). `state0..2` are the rule's state
+/// (Adam: exp_avg, exp_avg_sq, max_exp_avg_sq; SGD: the momentum buffer; Lion: exp_avg).
+/// `step` (0-dim float32 on the parameter's device) counts the steps taken: the rule and the
+/// rounding bits read it after the increment.
+struct StepSlot {
+  at::Tensor param, grad, master, comp, state0, state1, state2, step;
+  /// The parameter's position in its optimizer: which stream of rounding bits it draws.
+  uint64_t stream = 0;
+  /// The rule's state is new this step (SGD's momentum copies the gradient).
+  bool first = false;
+};
+
+/// What every slot of a step shares besides the rule's hyper-parameters.
+struct StepArgs {
+  WriteBack write_back = WriteBack::kRoundNearest;
+  c10::ScalarType state_dtype = c10::kFloat;
+  uint64_t seed = 0;
+  /// The scale the gradients carry (0-dim float32 on the parameters' device) or undefined:
+  /// divides them (and the unscaled values are written back to the gradients, as ATen's fused
+  /// kernels do).
+  at::Tensor grad_scale;
+  /// The inf/NaN flag (0-dim float32 on the parameters' device) or undefined: non-zero leaves
+  /// every tensor, step counts included, untouched.
+  at::Tensor found_inf;
+};
+
+/// A device's step: `rule` is rule_id<Rule>(), `hyper` points to that rule's Hyper.
+using RuleStepFn = void (*)(size_t rule, const std::vector<StepSlot>& slots, const void* hyper,
+                            const StepArgs& args);
+
+/// The CPU step (cpu/rule_step_cpu.cpp) and, in a build with CUDA, the CUDA one
+/// (cuda/rule_step_cuda.cpp registers it).
+extern kernels::DeviceDispatch<RuleStepFn> rule_step;
+
+/// Runs `Rule` over `slots` (one device, one parameter dtype) on their device.
+template <typename Rule>
+void run_rule_step(const std::vector<StepSlot>& slots, const typename Rule::Hyper& hyper,
+                   const StepArgs& args) {
+  if (slots.empty()) return;
+  rule_step[slots[0].param.device().type()](rule_id<Rule>(), slots, &hyper, args);
+}
+
+/// Whether `dtype` is a parameter dtype the engine updates (float32, bfloat16, float16).
+inline bool engine_param_dtype(c10::ScalarType dtype) {
+  return dtype == c10::kFloat || dtype == c10::kBFloat16 || dtype == c10::kHalf;
+}
+
+}  // namespace amp::optim::detail
