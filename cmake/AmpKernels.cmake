@@ -31,7 +31,8 @@ function(amp_isa_sources target impl)
     set(_source "${CMAKE_CURRENT_BINARY_DIR}/isa/${_stem}_${_isa}.cpp")
     configure_file("${PROJECT_SOURCE_DIR}/cmake/isa_source.cpp.in" "${_source}" @ONLY)
     target_sources(${target} PRIVATE "${_source}")
+    # No precompiled header: it was built without the instruction set's flags.
     set_source_files_properties("${_source}" PROPERTIES
-      COMPILE_OPTIONS "${_amp_isa_flags_${_isa}};${ARG_FLAGS}")
+      COMPILE_OPTIONS "${_amp_isa_flags_${_isa}};${ARG_FLAGS}" SKIP_PRECOMPILE_HEADERS ON)
   endforeach()
 endfunction()

@@ -18,8 +18,6 @@
 #include <c10/util/Exception.h>
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
-#include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
 
 #include <amp/detail/concurrent_use.h>
 #include <amp/export.h>

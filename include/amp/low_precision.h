@@ -7,9 +7,12 @@
 #include <string>
 
 #include <c10/core/ScalarType.h>
-#include <torch/nn/module.h>
 
 #include <amp/export.h>
+
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
 
 namespace amp {
 

@@ -12,8 +12,6 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <torch/optim/optimizer.h>
-#include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
 
 #include <amp/export.h>
 #include <amp/scaler_hooks.h>

@@ -13,8 +13,6 @@
 #include <c10/core/ScalarType.h>
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
-#include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
 
 #include <amp/detail/fused_optimizer.h>
 #include <amp/export.h>
