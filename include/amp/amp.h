@@ -6,6 +6,7 @@
 #include <amp/archive.h>
 #include <amp/autocast.h>
 #include <amp/autocast_policy.h>
+#include <amp/checkpoint.h>
 #include <amp/custom_function.h>
 #include <amp/export.h>
 #include <amp/grad_scaler.h>

@@ -129,6 +129,12 @@ struct AMP_EXPORT Recipe {
   bool round_scales_to_power_of_2 = false;
   /// Set for the delayed recipe only.
   std::optional<DelayedScalingOptions> delayed_scaling;
+  /// Cast through amp's fused kernels instead of torchao's sequence of eager ATen ops: one pass
+  /// for the amax and one that writes the float8 copy in each layout its GEMMs want (a delayed
+  /// cast: one pass for both), on the CPU and on CUDA. The same bits as the eager casts (tested
+  /// on the CPU for every recipe, shape class and special value). Off by default: the CUDA
+  /// kernels have not yet been measured on a GPU (docs/GUIDE.md, FP8 training).
+  bool fused_casts = false;
 
   /// Throws c10::Error with a sentence when the recipe is inconsistent (a GEMM with one operand
   /// in float8 and one in high precision, an operand cast to two dtypes, a rowwise delayed cast,

@@ -8,6 +8,8 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "fp8/fused_cast.h"
+
 namespace amp::fp8::detail {
 
 c10::ScalarType gemm_dtype(c10::ScalarType dtype, c10::DeviceType device) {
@@ -34,25 +36,47 @@ bool reuse_forward_cast(const Recipe& recipe, Role role, const CastConfig& forwa
          forward.granularity == Granularity::tensorwise;
 }
 
+Float8Operand recast(const Recipe& r, const at::Tensor& x, const CastConfig& config, int64_t axis,
+                     Layouts layouts);
+
+// The cast of an operand per the recipe: delayed or dynamic, eager or fused. `layouts` is what the
+// GEMMs that use it want (fused casts write those; an eager cast writes x's layout and the GEMM
+// copies).
 Float8Operand cast(LayerContext& layer, Role role, const CastConfig& config, const at::Tensor& x,
-                   int64_t axis) {
-  if (layer.recipe.delayed_scaling) {
-    return cast_delayed(x, config.dtype, layer.delayed[role], *layer.recipe.delayed_scaling);
+                   int64_t axis, Layouts layouts = Layouts::kSame) {
+  const auto& r = layer.recipe;
+  if (r.delayed_scaling) {
+    return r.fused_casts ? fused_cast_delayed(x, config.dtype, layer.delayed[role],
+                                              *r.delayed_scaling, layouts)
+                         : cast_delayed(x, config.dtype, layer.delayed[role], *r.delayed_scaling);
   }
-  return cast_dynamic(x, config, axis, layer.recipe.round_scales_to_power_of_2);
+  return recast(r, x, config, axis, layouts);
 }
 
+// A dynamic cast outside the layer's state (the backward's own casts).
+Float8Operand recast(const Recipe& r, const at::Tensor& x, const CastConfig& config, int64_t axis,
+                     Layouts layouts) {
+  return r.fused_casts ? fused_cast_dynamic(x, config, axis, r.round_scales_to_power_of_2, layouts)
+                       : cast_dynamic(x, config, axis, r.round_scales_to_power_of_2);
+}
+
+// What the forward keeps of an operand for the backward: with a fused cast, the second layout
+// (the one the backward's GEMM wants), so that the backward copies nothing and the float8 bytes
+// kept stay one per element.
 void save_operand(torch::autograd::AutogradContext* ctx, const std::string& key,
-                  const Float8Operand& op) {
+                  const Float8Operand& operand) {
+  const Float8Operand& op = operand.alternate.defined() ? operand.in_alternate_layout() : operand;
   ctx->saved_data[key + "_data"] = op.data;
   ctx->saved_data[key + "_scale"] = op.scale;
   ctx->saved_data[key + "_dtype"] = static_cast<int64_t>(op.orig_dtype);
 }
 
 Float8Operand load_operand(torch::autograd::AutogradContext* ctx, const std::string& key) {
-  return Float8Operand{
-      ctx->saved_data[key + "_data"].toTensor(), ctx->saved_data[key + "_scale"].toTensor(),
-      static_cast<c10::ScalarType>(ctx->saved_data[key + "_dtype"].toInt()), std::nullopt};
+  return Float8Operand{ctx->saved_data[key + "_data"].toTensor(),
+                       ctx->saved_data[key + "_scale"].toTensor(),
+                       static_cast<c10::ScalarType>(ctx->saved_data[key + "_dtype"].toInt()),
+                       std::nullopt,
+                       {}};
 }
 
 // torchao's matmul_with_hp_or_float8_args: forward(input [..., K], weight [N, K]) -> [..., N]
@@ -66,17 +90,19 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
 
     at::Tensor output;
     if (r.input.enabled) {
-      auto input_fp8 = cast(*layer, kInput, r.input, input, -1).flatten_rows();
-      auto weight_fp8 = cast(*layer, kWeight, r.weight, weight_t, 0);
+      // A cast the backward reuses is written in both layouts: this GEMM's and the backward's.
+      const bool save_input = layer->needs_grad_weight &&
+                              reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight);
+      const bool save_weight = layer->needs_grad_input &&
+                               reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input);
+      auto input_fp8 =
+          cast(*layer, kInput, r.input, input, -1, save_input ? Layouts::kBoth : Layouts::kSame)
+              .flatten_rows();
+      auto weight_fp8 = cast(*layer, kWeight, r.weight, weight_t, 0,
+                             save_weight ? Layouts::kBoth : Layouts::kSame);
       output = scaled_mm(input_fp8, weight_fp8, out_dtype, r.output_fast_accum);
-      if (layer->needs_grad_weight &&
-          reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight)) {
-        save_operand(ctx, "input", input_fp8);
-      }
-      if (layer->needs_grad_input &&
-          reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input)) {
-        save_operand(ctx, "weight", weight_fp8);
-      }
+      if (save_input) save_operand(ctx, "input", input_fp8);
+      if (save_weight) save_operand(ctx, "weight", weight_fp8);
     } else {
       output = at::mm(input.reshape({-1, input.size(-1)}), weight_t);
     }
@@ -112,9 +138,17 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
 
     // grad_output in float8 is cast once and used by both GEMMs where the recipe allows it (a
     // delayed layer's history sees one cast per backward whichever gradients are needed).
+    // The grad_input GEMM reads it row-major, the grad_weight GEMM transposed (the other layout).
+    const bool grad_for_input = layer->needs_grad_input && r.grad_output.enabled;
+    const bool grad_for_weight =
+        layer->needs_grad_weight && r.grad_output_for_grad_weight.enabled &&
+        reuse_forward_cast(r, kGradOutput, r.grad_output, r.grad_output_for_grad_weight);
+    const Layouts grad_layouts = grad_for_input && grad_for_weight ? Layouts::kBoth
+                                 : grad_for_weight                 ? Layouts::kOther
+                                                                   : Layouts::kSame;
     std::optional<Float8Operand> grad_fp8;
     const auto grad_output_fp8 = [&]() -> const Float8Operand& {
-      if (!grad_fp8) grad_fp8 = cast(*layer, kGradOutput, r.grad_output, grad_2d, -1);
+      if (!grad_fp8) grad_fp8 = cast(*layer, kGradOutput, r.grad_output, grad_2d, -1, grad_layouts);
       return *grad_fp8;
     };
 
@@ -124,8 +158,7 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
       if (r.grad_output.enabled) {
         auto weight_fp8 = reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input)
                               ? load_operand(ctx, "weight")
-                              : cast_dynamic(weight.t(), r.weight_for_grad_input, -1,
-                                             r.round_scales_to_power_of_2);
+                              : recast(r, weight.t(), r.weight_for_grad_input, -1, Layouts::kOther);
         grad_input = scaled_mm(grad_output_fp8(), weight_fp8.t(),
                                gemm_dtype(grad_2d.scalar_type(), device), r.grad_input_fast_accum);
       } else {
@@ -144,13 +177,10 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
         auto grad_fp8_t =
             reuse_forward_cast(r, kGradOutput, r.grad_output, r.grad_output_for_grad_weight)
                 ? grad_output_fp8().t()
-                : cast_dynamic(grad_2d, r.grad_output_for_grad_weight, 0,
-                               r.round_scales_to_power_of_2)
-                      .t();
-        auto input_fp8 =
-            reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight)
-                ? load_operand(ctx, "input")
-                : cast_dynamic(input_2d, r.input_for_grad_weight, 0, r.round_scales_to_power_of_2);
+                : recast(r, grad_2d, r.grad_output_for_grad_weight, 0, Layouts::kOther).t();
+        auto input_fp8 = reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight)
+                             ? load_operand(ctx, "input")
+                             : recast(r, input_2d, r.input_for_grad_weight, 0, Layouts::kOther);
         grad_weight = scaled_mm(grad_fp8_t, input_fp8, gemm_dtype(grad_2d.scalar_type(), device),
                                 r.grad_weight_fast_accum);
       } else {

@@ -10,6 +10,8 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
+#include "checkpoint/delayed_scales.h"
+
 namespace amp::fp8::detail {
 namespace {
 
@@ -31,9 +33,15 @@ double fp8_max(c10::ScalarType fp8_dtype) {
 }  // namespace
 
 Float8Operand Float8Operand::t() const {
-  Float8Operand out{data.t(), scale.dim() > 1 ? scale.t() : scale, orig_dtype, axiswise_dim};
+  Float8Operand out{data.t(), scale.dim() > 1 ? scale.t() : scale, orig_dtype, axiswise_dim, {}};
+  if (alternate.defined()) out.alternate = alternate.t();
   if (axiswise_dim) out.axiswise_dim = *axiswise_dim == 0 ? -1 : 0;
   return out;
+}
+
+Float8Operand Float8Operand::in_alternate_layout() const {
+  TORCH_INTERNAL_ASSERT(alternate.defined(), "amp::fp8: the operand has no second layout");
+  return Float8Operand{alternate, scale, orig_dtype, axiswise_dim, {}};
 }
 
 Float8Operand Float8Operand::flatten_rows() const {
@@ -74,7 +82,7 @@ Float8Operand cast_dynamic(const at::Tensor& x, const CastConfig& config, int64_
                            bool power_of_2) {
   const auto amax = dynamic_amax(x, config.granularity, axis);
   const auto scale = amax_to_scale(amax, config.dtype, power_of_2);
-  Float8Operand out{quantize(x, scale, config.dtype), scale, x.scalar_type(), std::nullopt};
+  Float8Operand out{quantize(x, scale, config.dtype), scale, x.scalar_type(), std::nullopt, {}};
   if (config.granularity == Granularity::rowwise) out.axiswise_dim = axis;
   return out;
 }
@@ -107,17 +115,30 @@ void update_delayed_scale(DelayedState& state, c10::ScalarType fp8_dtype,
 
 }  // namespace
 
-Float8Operand cast_delayed(const at::Tensor& x, c10::ScalarType fp8_dtype, DelayedState& state,
-                           const DelayedScalingOptions& options) {
-  // The cast uses the scale the earlier casts left; the dequantisation factor must not see the
-  // update below, so the operand keeps a copy.
-  const auto scale = state.scale.clone();
-  Float8Operand out{quantize(x, scale, fp8_dtype), scale, x.scalar_type(), std::nullopt};
-  auto amax =
-      at::nan_to_num(at::abs(x).to(at::kFloat), 0.0, std::numeric_limits<double>::infinity()).max();
+DelayedCastScale delayed_cast_scale(const DelayedState& state) {
+  // In a checkpoint's recomputation the cast repeats the forward's: its scale, and no update of
+  // the history (amp::checkpoint records the scales in the forward; delayed_scales.h).
+  if (auto replayed = amp::detail::replayed_delayed_scale()) return {*replayed, true};
+  auto scale = state.scale.clone();
+  amp::detail::record_delayed_scale(scale);
+  return {scale, false};
+}
+
+void record_delayed_amax(DelayedState& state, const at::Tensor& amax, c10::ScalarType fp8_dtype,
+                         const DelayedScalingOptions& options) {
   if (options.amax_reduction()) options.amax_reduction()(amax);
   state.amax_history[0].copy_(amax);
   update_delayed_scale(state, fp8_dtype, options);
+}
+
+Float8Operand cast_delayed(const at::Tensor& x, c10::ScalarType fp8_dtype, DelayedState& state,
+                           const DelayedScalingOptions& options) {
+  const auto [scale, replayed] = delayed_cast_scale(state);
+  Float8Operand out{quantize(x, scale, fp8_dtype), scale, x.scalar_type(), std::nullopt, {}};
+  if (replayed) return out;
+  auto amax =
+      at::nan_to_num(at::abs(x).to(at::kFloat), 0.0, std::numeric_limits<double>::infinity()).max();
+  record_delayed_amax(state, amax, fp8_dtype, options);
   return out;
 }
 
@@ -126,9 +147,14 @@ at::Tensor scaled_mm(const Float8Operand& a, const Float8Operand& b, c10::Scalar
   // torchao runs these ops below autocast (in its tensor subclass's dispatch), so autocast must
   // not cast the float32 scales here either.
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  // torchao's preprocess_addmm: at::_scaled_mm wants a row-major and b column-major.
-  auto a_data = is_row_major(a.data) ? a.data : a.data.contiguous();
-  auto b_data = is_row_major(b.data) ? b.data.t().contiguous().t() : b.data;
+  // torchao's preprocess_addmm: at::_scaled_mm wants a row-major and b column-major. A fused
+  // cast may have written that layout already, as the operand's alternate.
+  auto a_data = is_row_major(a.data)                                 ? a.data
+                : a.alternate.defined() && is_row_major(a.alternate) ? a.alternate
+                                                                     : a.data.contiguous();
+  auto b_data = !is_row_major(b.data)                                 ? b.data
+                : b.alternate.defined() && !is_row_major(b.alternate) ? b.alternate
+                                                                      : b.data.t().contiguous().t();
   auto a_scale = a.scale;
   auto b_scale = b.scale;
   // One rowwise operand makes the other's tensorwise scale a row (column) of equal scales.

@@ -27,6 +27,13 @@ struct AMP_EXPORT Float8Operand {
   Float8Operand t() const;
   /// Viewed as [-1, last dim] (a rowwise scale follows to [rows, 1]).
   Float8Operand flatten_rows() const;
+
+  /// A fused cast's second copy (Layouts::kBoth): data's values in the other layout (row-major
+  /// where data is column-major and back), for the GEMM that wants that one; undefined otherwise.
+  /// Only 2-d operands carry one.
+  at::Tensor alternate;
+  /// The operand with `alternate` as its data (and no alternate): what a backward keeps.
+  Float8Operand in_alternate_layout() const;
 };
 
 /// The amax of `x` as torchao takes it (in x's dtype, NaN propagating): max(|x|) for a tensorwise
@@ -35,20 +42,36 @@ at::Tensor dynamic_amax(const at::Tensor& x, Granularity granularity, int64_t ax
 
 /// torchao's amax_to_scale: fp8_max / clamp(amax, 1e-12) in float64 (as Python evaluates it:
 /// reciprocal, then multiply), stored as float32, optionally rounded down to a power of two.
-at::Tensor amax_to_scale(const at::Tensor& amax, c10::ScalarType fp8_dtype, bool power_of_2);
+AMP_EXPORT at::Tensor amax_to_scale(const at::Tensor& amax, c10::ScalarType fp8_dtype,
+                                    bool power_of_2);
 
 /// The saturated cast: clamp(x.float() * scale, ±fp8_max).to(fp8_dtype). NaN stays NaN.
-at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale, c10::ScalarType fp8_dtype);
+AMP_EXPORT at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale,
+                               c10::ScalarType fp8_dtype);
 
 /// A dynamic cast of `x` per `config` (rowwise along `axis`); orig_dtype is x's dtype.
-Float8Operand cast_dynamic(const at::Tensor& x, const CastConfig& config, int64_t axis,
-                           bool power_of_2);
+AMP_EXPORT Float8Operand cast_dynamic(const at::Tensor& x, const CastConfig& config, int64_t axis,
+                                      bool power_of_2);
 
 /// One operand's delayed-scaling state: float32 history [len] and scale [], updated in place.
 struct DelayedState {
   at::Tensor amax_history;
   at::Tensor scale;
 };
+
+/// The scale a delayed cast quantises with: in a checkpoint's recomputation the forward's cast's
+/// (`replayed`: the history must not move), otherwise a copy of state.scale (the operand's
+/// dequantisation factor must not see the update that follows), recorded for a recomputation.
+struct DelayedCastScale {
+  at::Tensor scale;
+  bool replayed = false;
+};
+DelayedCastScale delayed_cast_scale(const DelayedState& state);
+
+/// The end of a delayed cast: `amax` (float32, 0-dim, NaN already ignored) reduced across ranks
+/// when the options say so, entered into the history, and the scale updated from it.
+void record_delayed_amax(DelayedState& state, const at::Tensor& amax, c10::ScalarType fp8_dtype,
+                         const DelayedScalingOptions& options);
 
 /// A delayed cast (DelayedScalingOptions' rule): quantises `x` with state.scale, then records
 /// its amax (NaN ignored, as Transformer Engine's fmaxf does; reduced across ranks when the

@@ -1,5 +1,5 @@
-// amp::distributed: GradScaler across ranks, DistributedDataParallel and the process-group set-up, in
-// 2- and 3-process jobs on Gloo (each rank an amp_distributed_worker started as torchrun starts
+// amp::distributed: GradScaler across ranks, DistributedDataParallel and the process-group set-up,
+// in 2- and 3-process jobs on Gloo (each rank an amp_distributed_worker started as torchrun starts
 // ranks, against a TCPStore this test hosts), plus single-process checks of errors.
 #include <chrono>
 #include <cstdint>
@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
+#include <amp/checkpoint.h>
 #include <amp/distributed.h>
 #include <amp/info.h>
 
@@ -22,8 +23,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "support/temp_dir.h"
 #include "support/rank_processes.h"
+#include "support/temp_dir.h"
 
 namespace {
 
@@ -180,9 +181,10 @@ TEST_CASE("DistributedDataParallel averages gradients over the ranks with every 
           "[distributed][ddp]") {
   // (world, hook, bucket_cap_mb, find unused, buckets in iteration 1, buckets in iteration 2)
   using Row = std::tuple<int, std::string, std::string, std::string, int, int>;
-  const Row row = GENERATE(Row{2, "fp32", "25", "used", 1, 1}, Row{3, "fp32", "1e-7", "used", 1, 6},
-                           Row{3, "bf16", "25", "unused", 1, 1}, Row{3, "fp16", "1e-7", "unused", 6, 6},
-                           Row{2, "fp16", "25", "unused", 1, 1});
+  const Row row =
+      GENERATE(Row{2, "fp32", "25", "used", 1, 1}, Row{3, "fp32", "1e-7", "used", 1, 6},
+               Row{3, "bf16", "25", "unused", 1, 1}, Row{3, "fp16", "1e-7", "unused", 6, 6},
+               Row{2, "fp16", "25", "unused", 1, 1});
   const auto [world, comm, cap, unused, buckets1, buckets2] = row;
   CAPTURE(world, comm, cap, unused);
   const auto results = run_ranks({"ddp_grads", comm, cap, unused}, world);
@@ -239,9 +241,11 @@ TEST_CASE("DistributedDataParallel refuses modules that differ across ranks, on 
   using Row = std::pair<std::string, std::string>;
   const Row row = GENERATE(
       Row{"shape", "the element count is 280 on ranks 0 and 1 and 212 on rank 2"},
-      Row{"count", "the count of parameters that require gradients is 6 on ranks 0 and 1 and 7 on rank 2"},
+      Row{"count",
+          "the count of parameters that require gradients is 6 on ranks 0 and 1 and 7 on rank 2"},
       Row{"dtype", "the hash of shapes and dtypes is 0x"},
-      Row{"requires_grad", "the count of parameters that require gradients is 6 on ranks 0 and 1 and 5 on rank 2"});
+      Row{"requires_grad",
+          "the count of parameters that require gradients is 6 on ranks 0 and 1 and 5 on rank 2"});
   CAPTURE(row.first);
   const auto results = run_ranks({"fault", row.first}, 3);
   INFO(describe(results));
@@ -275,13 +279,14 @@ TEST_CASE("DistributedDataParallel's misuse ends in a sentence on every rank, wi
       CHECK(r.status == 1);
       CHECK(r.at("iteration1") == "1");  // the first backward cannot know; the next forward does
       CHECK(r.values.count("iteration2") == 0);
-      CHECK_THAT(r.err,
-                 Catch::Contains("DistributedDataParallel on rank " + std::to_string(r.rank) +
-                                 " of 2: Expected to have finished reduction in the prior "
-                                 "iteration") &&
-                     Catch::Contains("Parameter indices which did not receive grad for rank " +
-                                     std::to_string(r.rank) + ": 4 5") &&
-                     Catch::Contains("DistributedDataParallelOptions().find_unused_parameters(true)"));
+      CHECK_THAT(
+          r.err,
+          Catch::Contains("DistributedDataParallel on rank " + std::to_string(r.rank) +
+                          " of 2: Expected to have finished reduction in the prior "
+                          "iteration") &&
+              Catch::Contains("Parameter indices which did not receive grad for rank " +
+                              std::to_string(r.rank) + ": 4 5") &&
+              Catch::Contains("DistributedDataParallelOptions().find_unused_parameters(true)"));
     }
   }
   SECTION("no_sync() entered between a synced forward and its backward") {
@@ -358,8 +363,9 @@ TEST_CASE("bf16 weights with master copies, Kahan or stochastic rounding train a
   }
 }
 
-TEST_CASE("Float8 delayed scaling with amax_all_reduce keeps every rank's histories and scales equal",
-          "[distributed][fp8]") {
+TEST_CASE(
+    "Float8 delayed scaling with amax_all_reduce keeps every rank's histories and scales equal",
+    "[distributed][fp8]") {
   const int world = GENERATE(2, 3);
   CAPTURE(world);
   const auto synced = run_ranks({"fp8_delayed", "sync"}, world);
@@ -623,10 +629,11 @@ TEST_CASE("After a synced forward whose backward never ran, no_sync() and later 
 
   // The refusal stays where it is true: the synced forward's loss is alive.
   at::Tensor pending = forward();
-  CHECK_THROWS_WITH(ddp.no_sync(),
-                    Catch::Contains("no_sync() was entered while the backward of a synced forward can "
-                             "still run") &&
-                        Catch::Contains("release those tensors"));
+  CHECK_THROWS_WITH(
+      ddp.no_sync(),
+      Catch::Contains("no_sync() was entered while the backward of a synced forward can "
+                      "still run") &&
+          Catch::Contains("release those tensors"));
   pending = at::Tensor();  // the graph is gone: the backward can no longer run
   {
     auto guard = ddp.no_sync();
@@ -733,13 +740,13 @@ TEST_CASE("Bad distributed arguments are refused with sentences", "[distributed]
   amp_test::TempDir dir("distributed_args");
   auto group = single_rank_group(dir);
   torch::nn::Linear linear(3, 2);
+  CHECK_THROWS_WITH(dist::DistributedDataParallel(
+                        linear, group, dist::DistributedDataParallelOptions().bucket_cap_mb(0)),
+                    Catch::Contains("bucket_cap_mb must be > 0 (MiB) and below 8e12; got 0"));
   CHECK_THROWS_WITH(
       dist::DistributedDataParallel(linear, group,
-                                    dist::DistributedDataParallelOptions().bucket_cap_mb(0)),
-      Catch::Contains("bucket_cap_mb must be > 0 (MiB) and below 8e12; got 0"));
-  CHECK_THROWS_WITH(dist::DistributedDataParallel(
-                        linear, group, dist::DistributedDataParallelOptions().first_bucket_cap_mb(-1)),
-                    Catch::Contains("first_bucket_cap_mb must be > 0 (MiB) and below 8e12; got -1"));
+                                    dist::DistributedDataParallelOptions().first_bucket_cap_mb(-1)),
+      Catch::Contains("first_bucket_cap_mb must be > 0 (MiB) and below 8e12; got -1"));
   CHECK_THROWS_WITH(dist::DistributedDataParallel(std::make_shared<torch::nn::Module>(), group),
                     Catch::Contains("the module has no parameters that require gradients"));
   CHECK_THROWS_WITH(dist::DistributedDataParallel(std::shared_ptr<torch::nn::Module>(), group),
@@ -747,8 +754,9 @@ TEST_CASE("Bad distributed arguments are refused with sentences", "[distributed]
   CHECK_THROWS_WITH(dist::DistributedDataParallel(linear, nullptr),
                     Catch::Contains("the process group is null"));
   torch::nn::Embedding sparse(torch::nn::EmbeddingOptions(4, 2).sparse(true));
-  CHECK_THROWS_WITH(dist::DistributedDataParallel(sparse, group),
-                    Catch::Contains("'weight' belongs to an Embedding or EmbeddingBag with sparse=true"));
+  CHECK_THROWS_WITH(
+      dist::DistributedDataParallel(sparse, group),
+      Catch::Contains("'weight' belongs to an Embedding or EmbeddingBag with sparse=true"));
   {
     dist::DistributedDataParallel ddp(linear, group);
     ddp.forward([&] { return linear->forward(at::ones({1, 3})); });
@@ -814,4 +822,64 @@ TEST_CASE("torchrun's variables are read, and missing or invalid ones named", "[
   CHECK(env.master_port == 29500);
   CHECK(env.agent_store);
   CHECK(amp::built_with_distributed());
+}
+
+// Two Linear layers and a third the find_unused_parameters case leaves out on odd iterations.
+struct CheckpointNet : torch::nn::Module {
+  CheckpointNet() {
+    torch::manual_seed(3);
+    a = register_module("a", torch::nn::Linear(8, 16));
+    b = register_module("b", torch::nn::Linear(16, 4));
+    extra = register_module("extra", torch::nn::Linear(4, 4));
+  }
+  at::Tensor forward(const at::Tensor& x, bool use_extra) {
+    const auto h = b(torch::gelu(a(x)));
+    return use_extra ? extra(h) : h;
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr}, extra{nullptr};
+};
+
+TEST_CASE("A checkpointed model trains under DistributedDataParallel as the plain one",
+          "[distributed][ddp][checkpoint]") {
+  // The recomputation runs inside backward and builds a graph no backward runs through: the
+  // Reducer sees each parameter's gradient once, from the checkpointed graph, with the graph
+  // search of find_unused_parameters and the first-iteration tracing of static_graph as well.
+  const std::string mode = GENERATE("plain", "find_unused_parameters", "static_graph");
+  CAPTURE(mode);
+  amp_test::TempDir dir("distributed_checkpoint");
+  auto group = single_rank_group(dir);
+  const auto options = dist::DistributedDataParallelOptions()
+                           .find_unused_parameters(mode == "find_unused_parameters")
+                           .static_graph(mode == "static_graph");
+  auto plain = std::make_shared<CheckpointNet>();
+  auto checkpointed = std::make_shared<CheckpointNet>();
+  dist::DistributedDataParallel plain_ddp(plain, group, options);
+  dist::DistributedDataParallel checkpointed_ddp(checkpointed, group, options);
+  torch::optim::SGD plain_sgd(plain->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD checkpointed_sgd(checkpointed->parameters(),
+                                     torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int iteration = 0; iteration < 4; ++iteration) {
+    const bool use_extra = mode != "find_unused_parameters" || iteration % 2 == 0;
+    torch::manual_seed(100 + iteration);
+    const auto x = torch::randn({6, 8});
+    plain_sgd.zero_grad();
+    plain_ddp.forward([&] { return plain->forward(x, use_extra); }).square().mean().backward();
+    plain_sgd.step();
+    checkpointed_sgd.zero_grad();
+    checkpointed_ddp
+        .forward([&] {
+          return amp::checkpoint(
+              [net = checkpointed](const at::Tensor& t, bool e) { return net->forward(t, e); }, x,
+              use_extra);
+        })
+        .square()
+        .mean()
+        .backward();
+    checkpointed_sgd.step();
+    CAPTURE(iteration);
+    CHECK(checkpointed->extra->weight.grad().defined() == plain->extra->weight.grad().defined());
+    const auto expected = plain->parameters();
+    const auto actual = checkpointed->parameters();
+    for (size_t i = 0; i < expected.size(); ++i) CHECK(torch::equal(actual[i], expected[i]));
+  }
 }

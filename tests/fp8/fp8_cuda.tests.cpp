@@ -60,11 +60,11 @@ Float8Operand integer_operand(std::vector<int64_t> sizes, c10::ScalarType dtype,
   } else {
     scale = torch::full({}, 0.25f);
   }
-  return Float8Operand{values.to(dtype), scale, torch::kFloat, axis};
+  return Float8Operand{values.to(dtype), scale, torch::kFloat, axis, {}};
 }
 
 Float8Operand to_cuda(const Float8Operand& op) {
-  return Float8Operand{op.data.to(kCuda), op.scale.to(kCuda), op.orig_dtype, op.axiswise_dim};
+  return Float8Operand{op.data.to(kCuda), op.scale.to(kCuda), op.orig_dtype, op.axiswise_dim, {}};
 }
 
 }  // namespace
@@ -104,8 +104,8 @@ TEST_CASE("A Float8Linear trains on CUDA as on the CPU, for every recipe", "[fp8
     WARN("not run: float8 GEMMs need compute capability 8.9 or newer");
     return;
   }
-  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp",
-                               "delayed");
+  const auto recipe =
+      GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed");
   const auto dtype = GENERATE(torch::kFloat, torch::kBFloat16);
   CAPTURE(recipe, dtype);
   if (recipe.rfind("rowwise", 0) == 0 && !amp_test::cpu_takes_rowwise_scales()) {
@@ -166,7 +166,7 @@ TEST_CASE("Transposed and offset inputs give the bits of their contiguous copies
   Float8AutocastGuard float8;
   const auto storage = torch::randn({32 * 16 + 1}, kCuda);
   const auto offset = storage.narrow(0, 1, 32 * 16).view({16, 32});  // storage offset 1
-  const auto transposed = torch::randn({32, 16}, kCuda).t();          // column-major [16, 32]
+  const auto transposed = torch::randn({32, 16}, kCuda).t();         // column-major [16, 32]
   for (const auto& x : {offset, transposed}) {
     CHECK(same_bits(layer(x), layer(x.contiguous())));
   }
@@ -178,8 +178,8 @@ TEST_CASE("Permuted inputs of three or more dims give the bits of their contiguo
     WARN("not run: float8 GEMMs need compute capability 8.9 or newer");
     return;
   }
-  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp",
-                               "delayed");
+  const auto recipe =
+      GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed");
   CAPTURE(recipe);
   torch::manual_seed(23);
   for (const auto& x : {torch::randn({16, 2, 32}, kCuda).transpose(0, 1),
@@ -213,8 +213,8 @@ TEST_CASE("A frozen weight on CUDA takes any number of rows and still gives grad
     WARN("not run: float8 GEMMs need compute capability 8.9 or newer");
     return;
   }
-  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp",
-                               "delayed");
+  const auto recipe =
+      GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed");
   CAPTURE(recipe);
   const auto make = [&](bool weight_trains) {
     torch::manual_seed(25);
