@@ -3,6 +3,7 @@
 // GradScaler::unscale_and_clip_, a warmup + cosine learning-rate schedule, and a checkpoint every
 // epoch that resumes exactly.
 #include <amp/autocast.h>
+#include <amp/checkpoint.h>
 #include <amp/fp8.h>
 #include <amp/grad_scaler.h>
 #include <amp/low_precision.h>
@@ -108,8 +109,8 @@ struct Settings {
   std::int64_t accumulate = 2;
   // The fused one: as accurate as AdamW in every precision (examples/mlp_fashion/README.md) and
   // with the scaler it never synchronises in a step.
-  OptimizerChoice optimizer = kOptimizers[1];  // fused-adamw
-  WeightsChoice weights = kWeights[0];                   // fp32
+  OptimizerChoice optimizer = kOptimizers[1];           // fused-adamw
+  WeightsChoice weights = kWeights[0];                  // fp32
   LowPrecisionChoice low_precision = kLowPrecision[0];  // none (only with --weights bf16)
   StateDtypeChoice state_dtype = kStateDtypes[0];       // fp32, the library's default
   double lr = 1e-3;
@@ -121,23 +122,28 @@ struct Settings {
   amp_examples::Precision precision = amp_examples::kPrecisions[1];  // bf16
   /// --fp8-recipe: the float8 recipe of --precision fp8.
   std::string fp8_recipe = "tensorwise";
-  amp_examples::DeviceChoice device = amp_examples::kDevices[0];     // cpu
+  amp_examples::DeviceChoice device = amp_examples::kDevices[0];  // cpu
   amp::GradScalerOptions scaler = amp::GradScalerOptions().track_counters(true);
   /// --checkpoint and --resume.
   amp_examples::CheckpointOptions checkpoint;
   /// Stop after this epoch as if the job had been interrupted (the schedule still spans
   /// `epochs`); nullopt runs to the end.
   std::optional<std::int64_t> stop_after;
+  /// --recompute-activations: the hidden layers under amp::checkpoint.
+  bool recompute_activations = false;
 };
 
 /// Flatten, then Linear(784, 512), ReLU, Linear(512, 256), ReLU, Linear(256, 10).
 /// The layers are amp::fp8::Float8Linear: torch::nn::Linear (same parameters, same initialisation)
-/// outside a float8 region, float8 GEMMs with `recipe` inside one (--precision fp8).
+/// outside a float8 region, float8 GEMMs with `recipe` inside one (--precision fp8). With
+/// `recompute_activations` each hidden layer + ReLU runs under amp::checkpoint: its activations
+/// are rebuilt in backward instead of kept, and training computes exactly the same numbers.
 struct MlpImpl : torch::nn::Module {
-  explicit MlpImpl(const amp::fp8::Recipe& recipe)
+  MlpImpl(const amp::fp8::Recipe& recipe, bool recompute_activations)
       : hidden1(register_module("hidden1", layer(kImagePixels, 512, recipe))),
         hidden2(register_module("hidden2", layer(512, 256, recipe))),
-        output(register_module("output", layer(256, kNumClasses, recipe))) {}
+        output(register_module("output", layer(256, kNumClasses, recipe))),
+        recompute(recompute_activations) {}
 
   static amp::fp8::Float8Linear layer(std::int64_t in, std::int64_t out,
                                       const amp::fp8::Recipe& recipe) {
@@ -145,12 +151,17 @@ struct MlpImpl : torch::nn::Module {
   }
 
   torch::Tensor forward(const torch::Tensor& images) {
-    torch::Tensor x = torch::relu(hidden1(images.flatten(1)));
-    x = torch::relu(hidden2(x));
+    // The lambdas capture the module, which outlives every backward of its outputs.
+    const auto block1 = [this](const torch::Tensor& x) { return torch::relu(hidden1(x)); };
+    const auto block2 = [this](const torch::Tensor& x) { return torch::relu(hidden2(x)); };
+    torch::Tensor x = images.flatten(1);
+    x = recompute ? amp::checkpoint(block1, x) : block1(x);
+    x = recompute ? amp::checkpoint(block2, x) : block2(x);
     return output(x);
   }
 
   amp::fp8::Float8Linear hidden1, hidden2, output;
+  bool recompute;
 };
 TORCH_MODULE(Mlp);
 
@@ -191,15 +202,14 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tenso
   if (settings.optimizer.fused) {
     const std::string_view mode = settings.low_precision.name;
     return std::make_unique<amp::optim::FusedAdamW>(
-        std::move(parameters), amp::optim::FusedAdamWOptions(settings.lr)
-                                   .weight_decay(settings.weight_decay)
-                                   .master_weights(mode == "master")
-                                   .kahan_summation(mode == "kahan")
-                                   .stochastic_rounding(mode == "sr")
-                                   .state_dtype(mode == "none"
-                                                    ? std::nullopt
-                                                    : std::optional(settings.state_dtype.dtype))
-                                   .rounding_seed(settings.seed));
+        std::move(parameters),
+        amp::optim::FusedAdamWOptions(settings.lr)
+            .weight_decay(settings.weight_decay)
+            .master_weights(mode == "master")
+            .kahan_summation(mode == "kahan")
+            .stochastic_rounding(mode == "sr")
+            .state_dtype(mode == "none" ? std::nullopt : std::optional(settings.state_dtype.dtype))
+            .rounding_seed(settings.seed));
   }
   return std::make_unique<torch::optim::AdamW>(
       std::move(parameters),
@@ -352,7 +362,7 @@ void run(const Settings& settings) {
   // The weights come from the seeded default generator on the CPU, then move, so every device
   // starts from the same model.
   torch::manual_seed(static_cast<std::uint64_t>(settings.seed));
-  Mlp model(amp::fp8::Recipe::from_name(settings.fp8_recipe));
+  Mlp model(amp::fp8::Recipe::from_name(settings.fp8_recipe), settings.recompute_activations);
   model->to(settings.device.type);
   // bf16 weights (before the optimizer sees them); autocast then runs the forward pass in bf16.
   if (settings.weights.bf16) amp::to_low_precision(*model, torch::kBFloat16);
@@ -367,7 +377,10 @@ void run(const Settings& settings) {
   };
   std::int64_t parameter_count = 0;
   for (const torch::Tensor& parameter : model->parameters()) parameter_count += parameter.numel();
-  fmt::print("model: MLP 784-512-256-10 with ReLU, {} parameters\n", parameter_count);
+  fmt::print("model: MLP 784-512-256-10 with ReLU, {} parameters{}\n", parameter_count,
+             settings.recompute_activations
+                 ? ", hidden activations recomputed in backward (amp::checkpoint)"
+                 : "");
   {
     torch::NoGradGuard no_grad;
     const auto [logits, loss] =
@@ -453,6 +466,10 @@ amp_examples::CommandLine make_command_line(Settings& s) {
   s.checkpoint.add_to(cli,
                       "save model, optimizer, scaler, schedule and shuffle state after every epoch",
                       "continue the run saved in --checkpoint PATH");
+  cli.add_flag("recompute-activations",
+               "keep no hidden-layer activations for backward but recompute them there "
+               "(amp::checkpoint: less memory, the same numbers)",
+               [&] { s.recompute_activations = true; });
   cli.add_option("stop-after", "N",
                  "stop after epoch N as if interrupted (the schedule still spans --epochs)",
                  [&](std::string_view v) {
@@ -481,9 +498,10 @@ void check_weights(const Settings& s) {
   }
   amp_examples::check_fp8_recipe(s.fp8_recipe, s.precision);
   if (s.weights.bf16 && s.precision.name != "bf16") {
-    throw amp_examples::UsageError("--weights bf16 computes under bf16 autocast; use --precision "
-                                   "bf16 (got --precision " +
-                                   std::string(s.precision.name) + ").");
+    throw amp_examples::UsageError(
+        "--weights bf16 computes under bf16 autocast; use --precision "
+        "bf16 (got --precision " +
+        std::string(s.precision.name) + ").");
   }
 }
 

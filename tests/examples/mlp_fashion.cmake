@@ -39,6 +39,18 @@ amp_example_run(mlp_fashion rejects_an_fp8_recipe_without_fp8 EXIT 2
 amp_example_run(mlp_fashion rejects_an_unknown_fp8_recipe EXIT 2
   OUTPUT "mlp_fashion: error: --fp8-recipe blockwise is not a recipe; use tensorwise, rowwise, rowwise_with_gw_hp or delayed"
   ARGS ${_mlp_args} --precision fp8 --fp8-recipe blockwise)
+# --recompute-activations (amp::checkpoint around the hidden layers; no dropout in this model)
+# changes no number: under bf16 autocast, fp16 with the scaler skipping overflowing steps, and
+# float8 with delayed scaling, whose recomputation must reuse the forward's scales.
+foreach(_case IN ITEMS "bf16|--precision|bf16" "fp16|--precision|fp16|--init-scale|4194304"
+                       "fp8_delayed|--precision|fp8|--fp8-recipe|delayed")
+  string(REPLACE "|" ";" _case "${_case}")
+  list(POP_FRONT _case _label)
+  amp_example_same(mlp_fashion recomputes_activations_exactly_in_${_label}
+    EXTRA --recompute-activations
+    MARK "parameters, hidden activations recomputed in backward \\(amp::checkpoint\\)"
+    ARGS ${_mlp_args} --epochs 2 ${_case})
+endforeach()
 # A norm bound far below the gradients' clips every step, and the report counts them.
 amp_example_run(mlp_fashion clips_every_step_through_the_scaler EXIT 0 EPOCHS 2
   OUTPUT "epoch 1/2: [^\n]*\\(clipped 8 of 8 steps\\)[^\n]*\nepoch 2/2: [^\n]*\\(clipped 8 of 8 steps\\)[^\n]*, loss scale"
@@ -104,7 +116,7 @@ amp_example_run(mlp_fashion rejects_zero_accumulation EXIT 2
   OUTPUT "mlp_fashion: error: --accumulate must be a whole number from 1 to [0-9]+, not '0'.*usage: mlp_fashion"
   ARGS --accumulate 0)
 amp_example_run(mlp_fashion prints_help EXIT 0
-  OUTPUT "usage: mlp_fashion .*--accumulate N.*--optimizer \\{adamw,fused-adamw\\}.*--clip NORM.*--precision \\{fp32,bf16,fp16,fp8\\}.*--fp8-recipe.*--device \\{cpu,cuda\\}.*--resume.*--stop-after N"
+  OUTPUT "usage: mlp_fashion .*--accumulate N.*--optimizer \\{adamw,fused-adamw\\}.*--clip NORM.*--precision \\{fp32,bf16,fp16,fp8\\}.*--fp8-recipe.*--device \\{cpu,cuda\\}.*--resume.*--stop-after N.*--recompute-activations"
   ARGS --help)
 amp_example_run(mlp_fashion rejects_cuda_without_a_gpu EXIT 1
   SKIP_IF "device cuda, epochs"
