@@ -1,6 +1,6 @@
 // The element arithmetic of amp's fused float8 casts, read by nvcc and the host compiler alike (no
 // ATen, no c10): the amax keys, torchao's scale from an amax, the saturated conversion to
-// e4m3fn/e5m2, and the tile walk of the cast + transpose. The CPU loops (cast_cpu.cpp) and the
+// e4m3fn/e5m2, and the tile walk of the cast + transpose. The CPU loops (fused_cast.cpp) and the
 // CUDA kernels (cuda/cast_kernels.cu) both run these functions, so the CPU tests of the fused path
 // test the GPU's arithmetic and index math too.
 #pragma once

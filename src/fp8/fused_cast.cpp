@@ -4,6 +4,7 @@
 #include "fp8/fused_cast.h"
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -125,6 +126,74 @@ void scale_cpu(const at::Tensor& keys, Format format, bool power_of_2, const at:
   }
 }
 
+// A tile is read and written along each tensor's contiguous dim (a tile's 32 rows of a
+// column-major copy, written a column at a time, are 32 lines a power-of-two stride apart: they
+// share a few cache sets and evict each other). So each thread stages its tile's float8 bits in a
+// local tile, as each CUDA block stages its tile in shared memory.
+using Tile = uint8_t[cast_element::kTile][cast_element::kTile];
+
+// Whether a view's contiguous dim is its first (a column-major copy).
+bool columns_contiguous(const MatrixView& view) {
+  return view.row_stride == 1 && view.col_stride != 1;
+}
+
+void store_tile(const Tile& tile, uint8_t* dst, const MatrixView& view, int64_t r0, int64_t c0,
+                int64_t height, int64_t width) {
+  if (columns_contiguous(view)) {
+    for (int64_t j = 0; j < width; ++j) {
+      uint8_t* column = dst + view.at(r0, c0 + j);
+      for (int64_t i = 0; i < height; ++i) column[i] = tile[i][j];
+    }
+    return;
+  }
+  for (int64_t i = 0; i < height; ++i) {
+    uint8_t* row = dst + view.at(r0 + i, c0);
+    for (int64_t j = 0; j < width; ++j) row[j * view.col_stride] = tile[i][j];
+  }
+}
+
+// One thread's tiles of the cast; the choices fixed for a call (scale axis, format, amax) are
+// template parameters. Returns the NaN-ignoring amax key of what it read.
+template <ScaleAxis kAxis, Format kFormat, bool kAmax, typename T>
+uint32_t quantize_tiles(const T* src, const MatrixView& in, uint8_t* out_data,
+                        const MatrixView& out, uint8_t* alt_data, const MatrixView& alt,
+                        const float* scales, const TileGrid& grid, int64_t begin, int64_t end) {
+  uint32_t key = 0;
+  Tile tile;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t r0 = grid.row0(t), c0 = grid.col0(t);
+    const int64_t height = grid.height(t), width = grid.width(t);
+    const auto element = [&](int64_t i, int64_t j, const T& x) {
+      const float value = static_cast<float>(x);
+      const float s = kAxis == ScaleAxis::kTensor ? scales[0]
+                      : kAxis == ScaleAxis::kRow  ? scales[r0 + i]
+                                                  : scales[c0 + j];
+      tile[i][j] = cast_element::quantize(value, s, kFormat);
+      if constexpr (kAmax) key = std::max(key, cast_element::amax_key_ignoring_nan(value));
+    };
+    if (columns_contiguous(in)) {
+      for (int64_t j = 0; j < width; ++j) {
+        const T* column = src + in.at(r0, c0 + j);
+        for (int64_t i = 0; i < height; ++i) element(i, j, column[i]);
+      }
+    } else {
+      for (int64_t i = 0; i < height; ++i) {
+        const T* row = src + in.at(r0 + i, c0);
+        for (int64_t j = 0; j < width; ++j) element(i, j, row[j * in.col_stride]);
+      }
+    }
+    store_tile(tile, out_data, out, r0, c0, height, width);
+    if (alt_data != nullptr) store_tile(tile, alt_data, alt, r0, c0, height, width);
+  }
+  return key;
+}
+
+// Calls fn(std::true_type{}) or fn(std::false_type{}): a run-time flag as a template argument.
+template <typename Fn>
+auto with_flag(bool flag, const Fn& fn) {
+  return flag ? fn(std::true_type{}) : fn(std::false_type{});
+}
+
 void quantize_cpu(const at::Tensor& x, const at::Tensor& scale, ScaleAxis axis, Format format,
                   const at::Tensor& data, const at::Tensor& alternate,
                   const at::Tensor& amax_keys) {
@@ -139,27 +208,26 @@ void quantize_cpu(const at::Tensor& x, const at::Tensor& scale, ScaleAxis axis, 
   const bool with_amax = amax_keys.defined();
   std::vector<uint32_t> partial(at::get_num_threads(), 0u);
   with_input_type(x, [&](const auto* src) {
-    at::parallel_for(0, grid.tiles(), 16, [&](int64_t begin, int64_t end) {
-      uint32_t key = 0;
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t r0 = grid.row0(t), c0 = grid.col0(t);
-        for (int64_t i = 0; i < grid.height(t); ++i) {
-          const int64_t r = r0 + i;
-          for (int64_t j = 0; j < grid.width(t); ++j) {
-            const int64_t c = c0 + j;
-            const float value = load(src, in.at(r, c));
-            const float s = scales[axis == ScaleAxis::kTensor ? 0
-                                   : axis == ScaleAxis::kRow  ? r
-                                                              : c];
-            const uint8_t bits = cast_element::quantize(value, s, format);
-            out_data[out.at(r, c)] = bits;
-            if (two) alt_data[alt.at(r, c)] = bits;
-            if (with_amax) key = std::max(key, cast_element::amax_key_ignoring_nan(value));
-          }
+    with_flag(with_amax, [&](auto kAmax) {
+      with_flag(format == Format::kE4M3, [&](auto kE4M3) {
+        constexpr Format kFormat = kE4M3 ? Format::kE4M3 : Format::kE5M2;
+        const auto tiles = [&](auto kAxis) {
+          at::parallel_for(0, grid.tiles(), 16, [&](int64_t begin, int64_t end) {
+            const uint32_t key = quantize_tiles<decltype(kAxis)::value, kFormat, kAmax>(
+                src, in, out_data, out, alt_data, alt, scales, grid, begin, end);
+            auto& slot = partial[at::get_thread_num()];
+            slot = std::max(slot, key);
+          });
+        };
+        switch (axis) {
+          case ScaleAxis::kTensor:
+            return tiles(std::integral_constant<ScaleAxis, ScaleAxis::kTensor>{});
+          case ScaleAxis::kRow:
+            return tiles(std::integral_constant<ScaleAxis, ScaleAxis::kRow>{});
+          case ScaleAxis::kColumn:
+            return tiles(std::integral_constant<ScaleAxis, ScaleAxis::kColumn>{});
         }
-      }
-      auto& slot = partial[at::get_thread_num()];
-      slot = std::max(slot, key);
+      });
     });
   });
   if (with_amax) {
