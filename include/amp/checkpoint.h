@@ -167,6 +167,8 @@ class AMP_EXPORT CheckpointWrapperImpl : public torch::nn::Module {
   torch::nn::AnyModule module_;
   CheckpointOptions options_;
 };
+/// The module holder of CheckpointWrapperImpl (a shared pointer to it, as torch::nn::Linear is
+/// to LinearImpl): `amp::CheckpointWrapper(torch::nn::AnyModule(layer))`.
 TORCH_MODULE(CheckpointWrapper);
 
 }  // namespace amp
