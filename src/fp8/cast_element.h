@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/float_bits.h"
 #include "kernels/host_device.h"
 
 namespace amp::fp8::cast_element {
@@ -23,30 +24,17 @@ enum class ScaleAxis : int32_t {
   kColumn,  ///< one per column (rowwise along 0)
 };
 
+// The functions have internal linkage in each file that includes them, as the optimizer rules'
+// element code does (src/optim/element.h), and as the bit helpers they call.
+namespace {
+
 /// The largest finite value of the format (448 for e4m3fn, 57344 for e5m2).
 AMP_HOST_DEVICE_INLINE float format_max(Format format) {
   return format == Format::kE4M3 ? 448.0f : 57344.0f;
 }
 
-AMP_HOST_DEVICE_INLINE uint32_t float_bits(float value) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(value);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-#endif
-}
-
-AMP_HOST_DEVICE_INLINE float bits_float(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-#endif
-}
+using amp::kernels::bits_float;
+using amp::kernels::float_bits;
 
 // ---- amax ----
 // An amax is kept as the bits of |x| read as an unsigned integer: for non-negative floats the
@@ -147,6 +135,8 @@ AMP_HOST_DEVICE_INLINE uint8_t quantize(float x, float scale, Format format) {
   if (scaled > max) scaled = max;
   return format == Format::kE4M3 ? to_e4m3fn(scaled) : to_e5m2(scaled);
 }
+
+}  // namespace
 
 // ---- tiles of the cast + transpose ----
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/float_bits.h"
 #include "kernels/host_device.h"
 
 namespace amp::optim::detail {
@@ -31,25 +32,8 @@ enum class WriteBack {
 namespace lp {
 namespace {
 
-AMP_HOST_DEVICE_INLINE uint32_t bits_of(float value) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(value);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-#endif
-}
-
-AMP_HOST_DEVICE_INLINE float float_of(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-#endif
-}
+using amp::kernels::bits_float;
+using amp::kernels::float_bits;
 
 AMP_HOST_DEVICE_INLINE float square_root(float value) {
 #if defined(__CUDA_ARCH__)
@@ -71,10 +55,10 @@ AMP_HOST_DEVICE_INLINE uint32_t pick(bool when, uint32_t yes, uint32_t no) {
 struct Bf16 {
   using Raw = uint16_t;
   static AMP_HOST_DEVICE_INLINE float load(Raw raw) {
-    return float_of(static_cast<uint32_t>(raw) << 16);
+    return bits_float(static_cast<uint32_t>(raw) << 16);
   }
   static AMP_HOST_DEVICE_INLINE Raw store(float value) {
-    const uint32_t u = bits_of(value);
+    const uint32_t u = float_bits(value);
     const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
     return value != value ? Raw{0x7FC0} : static_cast<Raw>(rounded);  // NaN as c10 writes it
   }
@@ -91,13 +75,13 @@ struct F16 {
     const uint32_t normal = ((exponent + 112u) << 23) | (mantissa << 13);
     const uint32_t special = 0x7F800000u | (mantissa << 13) | pick(mantissa != 0, 0x400000u, 0u);
     const uint32_t subnormal =
-        bits_of(static_cast<float>(static_cast<int32_t>(mantissa)) * 0x1p-24f);
+        float_bits(static_cast<float>(static_cast<int32_t>(mantissa)) * 0x1p-24f);
     uint32_t magnitude = pick(exponent == 31, special, normal);
     magnitude = pick(exponent == 0, subnormal, magnitude);
-    return float_of(sign | magnitude);
+    return bits_float(sign | magnitude);
   }
   static AMP_HOST_DEVICE_INLINE Raw store(float value) {
-    const uint32_t u = bits_of(value);
+    const uint32_t u = float_bits(value);
     const uint32_t sign = (u >> 16) & 0x8000u;
     const uint32_t a = u & 0x7FFFFFFFu;
     // Normal range (|value| >= 2^-14): round the 13 dropped mantissa bits to nearest even, then
@@ -105,7 +89,7 @@ struct F16 {
     const uint32_t normal = (a + 0xFFFu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
     // Below 2^-14: adding 0.5 puts the float16 subnormal step (2^-24) at float32's last bit, so
     // the addition itself rounds to nearest even; the low bits are then the float16 pattern.
-    const uint32_t subnormal = bits_of(float_of(a) + 0.5f) - 0x3F000000u;
+    const uint32_t subnormal = float_bits(bits_float(a) + 0.5f) - 0x3F000000u;
     // 65520 and above round to infinity; NaN becomes the quiet NaN c10 writes.
     uint32_t magnitude = pick(a < 0x38800000u, subnormal, normal);
     magnitude = pick(a >= 0x477FF000u, 0x7C00u, magnitude);
@@ -149,7 +133,7 @@ AMP_HOST_DEVICE_INLINE uint32_t element_bits(uint64_t key, uint32_t index) {
 
 /// torchao's rule: add 16 random bits to the low half of the float32 pattern, then truncate.
 AMP_HOST_DEVICE_INLINE uint16_t sr_bf16(float value, uint32_t bits) {
-  return static_cast<uint16_t>((bits_of(value) + bits) >> 16);
+  return static_cast<uint16_t>((float_bits(value) + bits) >> 16);
 }
 
 // ---- one element's tensors ----
