@@ -156,9 +156,11 @@ AMP_DISTRIBUTED_EXPORT std::shared_ptr<FoundInfSync> found_inf_sync(
     c10::intrusive_ptr<c10d::ProcessGroup> group);
 
 /// An amp::fp8::AmaxReduction over `group` for DelayedScalingOptions::amax_reduction: each
-/// delayed-scaling amax is all-reduced (MAX) in place before it enters the history, so every rank
-/// keeps the same histories and scales and casts with the same scale. One 4-byte collective per
-/// cast (three per layer and step), issued on the amax's device without a host read on NCCL.
+/// delayed-scaling amax is all-reduced (MAX) before it enters the history, so every rank keeps the
+/// same histories and scales and casts with the same scale. Batched: the casts' amaxes wait and
+/// one collective of 4 bytes per cast reduces them all at the end of each backward pass
+/// (amp::fp8::flush_delayed_scaling), instead of one per cast (three per layer and step); issued
+/// on the amaxes' device without a host read on NCCL.
 /// Contract: every rank runs the same float8 layers in the same order (SPMD). Throws c10::Error
 /// when `group` is null, and at the first cast when it has no backend for the amax's device.
 AMP_DISTRIBUTED_EXPORT std::function<void(const at::Tensor& amax)> amax_all_reduce(

@@ -60,7 +60,9 @@ enum class Float8Format {
 };
 
 /// Reduces one amax in place across the processes of a data-parallel job (maximum), so that every
-/// rank derives the same scale. amp::distributed::amax_all_reduce(group) gives one over c10d.
+/// rank derives the same scale. amp::distributed::amax_all_reduce(group) gives one over c10d that
+/// batches: its casts wait, and one collective per group reduces all of them (see
+/// flush_delayed_scaling). A function of your own is called once per cast.
 using AmaxReduction = std::function<void(const at::Tensor& amax)>;
 
 /// Transformer Engine's DelayedScaling: each cast uses a scale derived from the amaxes of earlier
@@ -70,7 +72,9 @@ using AmaxReduction = std::function<void(const at::Tensor& amax)>;
 /// ranks first when `amax_reduction` is set); amax = max(history) or history[0]; the history rolls
 /// by one (torch.roll(history, -1)) and history[0] becomes 0; scale = (fp8_max / amax) / 2^margin,
 /// except that the scale is kept when amax is 0, inf or NaN, and an infinite scale becomes
-/// FLT_MAX. The first cast of a fresh layer uses scale 1.
+/// FLT_MAX. The first cast of a fresh layer uses scale 1. With a batched `amax_reduction`
+/// (amp::distributed::amax_all_reduce) the amax waits in history[0] and the rest of the update
+/// runs at the next flush (flush_delayed_scaling), which gives the same bits.
 struct AMP_EXPORT DelayedScalingOptions {
   /// How many earlier amaxes each operand remembers (at least 1).
   TORCH_ARG(int64_t, amax_history_len) = 1024;
@@ -162,6 +166,16 @@ class AMP_EXPORT Float8AutocastGuard {
 
 /// Whether this thread is inside an enabled Float8AutocastGuard.
 AMP_EXPORT bool is_float8_enabled();
+
+/// Applies the delayed-scaling amaxes that wait for a batched reduction
+/// (amp::distributed::amax_all_reduce): one all-reduce per process group for all of them, then
+/// each history and scale updated by the per-cast rule. amp calls it at the end of every backward
+/// pass through a delayed Float8Linear (so a training step costs one collective, not one per cast)
+/// and before casting a tensor whose previous amax still waits (so each cast sees the scale its
+/// predecessors left). Call it yourself, on every rank, after forwards without a backward
+/// (evaluation inside a float8 region) and before saving the module. Nothing waits, nothing runs.
+/// Waiting amaxes are per process: it applies every layer's.
+AMP_EXPORT void flush_delayed_scaling();
 
 /// Options of Float8Linear: LinearOptions' three plus the recipe.
 struct AMP_EXPORT Float8LinearOptions {

@@ -8,6 +8,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "fp8/amax_batch.h"
 #include "fp8/fused_cast.h"
 
 namespace amp::fp8::detail {
@@ -189,6 +190,8 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
         grad_weight = at::mm(grad_2d.t(), input_2d.to(grad_2d.scalar_type()));
       }
     }
+    // A batched amax reduction waits for the end of the backward pass: one collective a step.
+    if (r.delayed_scaling) flush_delayed_amaxes_when_backward_ends();
     return {grad_input, grad_weight, at::Tensor()};
   }
 };

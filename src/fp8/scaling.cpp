@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 
 #include "checkpoint/delayed_scales.h"
+#include "fp8/amax_batch.h"
 
 namespace amp::fp8::detail {
 namespace {
@@ -87,9 +88,6 @@ Float8Operand cast_dynamic(const at::Tensor& x, const CastConfig& config, int64_
   return out;
 }
 
-namespace {
-
-// The history-and-scale update of a delayed cast whose amax is already in history[0].
 void update_delayed_scale(DelayedState& state, c10::ScalarType fp8_dtype,
                           const DelayedScalingOptions& options) {
   auto& history = state.amax_history;
@@ -113,12 +111,12 @@ void update_delayed_scale(DelayedState& state, c10::ScalarType fp8_dtype,
   state.scale.copy_(candidate);
 }
 
-}  // namespace
-
 DelayedCastScale delayed_cast_scale(const DelayedState& state) {
   // In a checkpoint's recomputation the cast repeats the forward's: its scale, and no update of
   // the history (amp::checkpoint records the scales in the forward; delayed_scales.h).
   if (auto replayed = amp::detail::replayed_delayed_scale()) return {*replayed, true};
+  // A batched reduction's earlier amax of this tensor is applied before its scale is read.
+  flush_if_waiting(state);
   auto scale = state.scale.clone();
   amp::detail::record_delayed_scale(scale);
   return {scale, false};
@@ -126,6 +124,7 @@ DelayedCastScale delayed_cast_scale(const DelayedState& state) {
 
 void record_delayed_amax(DelayedState& state, const at::Tensor& amax, c10::ScalarType fp8_dtype,
                          const DelayedScalingOptions& options) {
+  if (defer_delayed_amax(state, amax, fp8_dtype, options)) return;
   if (options.amax_reduction()) options.amax_reduction()(amax);
   state.amax_history[0].copy_(amax);
   update_delayed_scale(state, fp8_dtype, options);

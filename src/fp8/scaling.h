@@ -68,8 +68,13 @@ struct DelayedCastScale {
 };
 DelayedCastScale delayed_cast_scale(const DelayedState& state);
 
+/// The history-and-scale update of a delayed cast whose (reduced) amax is already in history[0].
+void update_delayed_scale(DelayedState& state, c10::ScalarType fp8_dtype,
+                          const DelayedScalingOptions& options);
+
 /// The end of a delayed cast: `amax` (float32, 0-dim, NaN already ignored) reduced across ranks
-/// when the options say so, entered into the history, and the scale updated from it.
+/// when the options say so, entered into the history, and the scale updated from it. With a
+/// batched reduction (amax_batch.h) the amax waits in history[0] for the next flush instead.
 void record_delayed_amax(DelayedState& state, const at::Tensor& amax, c10::ScalarType fp8_dtype,
                          const DelayedScalingOptions& options);
 

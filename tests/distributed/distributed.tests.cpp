@@ -391,6 +391,9 @@ TEST_CASE(
     expected.push_back(largest);
   }
   CHECK(synced[0].at("amax_history_input") == bits(expected));
+  // One batched all-reduce of the three amaxes per step, at the end of its backward (not one
+  // per cast: nine).
+  for (const auto& r : synced) CHECK(r.at("amax_reductions") == "3");
 
   // Without the reduction each rank records its own amaxes, so the histories differ.
   const auto local = run_ranks({"fp8_delayed", "local"}, world);
@@ -398,6 +401,25 @@ TEST_CASE(
   INFO(describe(local));
   CHECK(local[0].at("amax_history_input") != local.back().at("amax_history_input"));
   CHECK(local[0].at("scale_input") != local.back().at("scale_input"));
+  CHECK(local[0].at("amax_reductions") == "0");
+}
+
+TEST_CASE("Batched float8 amax reductions run beside DistributedDataParallel's buckets",
+          "[distributed][fp8]") {
+  // The batch's all-reduce at the end of each backward shares the group with the reducer's
+  // bucket all-reduces; every rank must issue them in the same order and end with the same
+  // histories, scales and parameters.
+  const int world = GENERATE(2, 3);
+  CAPTURE(world);
+  const auto results = run_ranks({"fp8_delayed_ddp"}, world);
+  require_all_succeeded(results);
+  INFO(describe(results));
+  REQUIRE(results[0].values.count("0.amax_history_grad_output") == 1);
+  REQUIRE(results[0].values.count("1.weight") == 1);
+  for (const auto& r : results) {
+    for (const auto& [key, value] : results[0].values) CHECK(r.at(key) == value);
+    CHECK(r.at("amax_reductions") == "3");  // one per step for six amaxes, not eighteen
+  }
 }
 
 TEST_CASE("Scalers configured differently across ranks are refused on every rank",

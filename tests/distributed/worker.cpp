@@ -33,6 +33,7 @@
 #include <amp/grad_scaler.h>
 #include <amp/optim.h>
 
+#include "fp8/amax_batch.h"
 #include "support/host_reads.h"
 
 namespace {
@@ -260,7 +261,8 @@ void low_precision(const dist::TorchrunEnv& env, const std::string& mode) {
 
 // A delayed-scaling Float8Linear trained on each rank's own data (rank r's inputs scaled by r + 1)
 // for three steps; with "sync" the amaxes are all-reduced (MAX), with "local" each rank keeps its
-// own. Prints the layer's histories and scales and each step's local input amax.
+// own. Prints the layer's histories and scales, each step's local input amax and how many
+// batched amax reductions ran.
 void fp8_delayed(const dist::TorchrunEnv& env, const std::string& mode) {
   auto group = dist::init_gloo_from_torchrun(group_options());
   auto options = amp::fp8::DelayedScalingOptions().amax_history_len(4);
@@ -279,6 +281,35 @@ void fp8_delayed(const dist::TorchrunEnv& env, const std::string& mode) {
     opt.step();
   }
   for (const auto& buffer : layer->named_buffers()) print(buffer.key(), hex(buffer.value()));
+  print("amax_reductions", std::to_string(amp::fp8::detail::batched_amax_reductions_issued()));
+}
+
+// Two delayed-scaling Float8Linear layers inside DistributedDataParallel (one bucket per
+// parameter), their amaxes all-reduced in batches: the batch's collective runs at the end of each
+// backward, beside the reducer's. Prints the buffers, the parameters and the reductions issued.
+void fp8_delayed_ddp(const dist::TorchrunEnv& env) {
+  auto group = dist::init_gloo_from_torchrun(group_options());
+  const auto recipe = amp::fp8::Recipe::delayed(amp::fp8::DelayedScalingOptions()
+                                                    .amax_history_len(4)
+                                                    .amax_reduction(dist::amax_all_reduce(group)));
+  at::manual_seed(12);
+  auto model = std::make_shared<torch::nn::SequentialImpl>(
+      amp::fp8::Float8Linear(amp::fp8::Float8LinearOptions(32, 32).recipe(recipe)),
+      amp::fp8::Float8Linear(amp::fp8::Float8LinearOptions(32, 16).recipe(recipe)));
+  dist::DistributedDataParallel ddp(model, group,
+                                    dist::DistributedDataParallelOptions().bucket_cap_mb(0.001));
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  amp::fp8::Float8AutocastGuard float8;
+  for (int step = 1; step <= 3; ++step) {
+    opt.zero_grad();
+    at::manual_seed(400 + 10 * step + env.rank);
+    const auto x = at::randn({8, 32}) * (env.rank + 1);
+    ddp.forward([&] { return model->forward(x); }).square().mean().backward();
+    opt.step();
+  }
+  for (const auto& buffer : model->named_buffers()) print(buffer.key(), hex(buffer.value()));
+  for (const auto& p : model->named_parameters()) print(p.key(), hex(p.value()));
+  print("amax_reductions", std::to_string(amp::fp8::detail::batched_amax_reductions_issued()));
 }
 
 // The last rank's scaler has another growth_interval.
@@ -590,6 +621,8 @@ int main(int argc, char** argv) {
       low_precision(env, args[1]);
     } else if (scenario == "fp8_delayed" && args.size() == 2) {
       fp8_delayed(env, args[1]);
+    } else if (scenario == "fp8_delayed_ddp") {
+      fp8_delayed_ddp(env);
     } else if (scenario == "overlap") {
       overlap(env);
     } else if (scenario == "fault" && args.size() == 2) {
@@ -599,7 +632,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: amp_distributed_worker "
-                   "skip|ddp_grads|overflow|options_differ|dies|stalls|ddp_parity|low_precision|fp8_delayed|overlap|fault|join "
+                   "skip|ddp_grads|overflow|options_differ|dies|stalls|ddp_parity|low_precision|fp8_delayed|fp8_delayed_ddp|overlap|fault|join "
                    "...\n");
       return 64;
     }
