@@ -7,7 +7,9 @@
 //     so that each mode's time splits into GEMMs and the rest;
 //  3. the casts alone on a bf16 activation: eager (torchao's chain of ATen ops, plus the
 //     transposed copy the backward's GEMM makes) against fused, with the bytes each moves per
-//     element by construction and the bandwidth that implies.
+//     element by construction and the bandwidth that implies;
+//  4. gradient accumulation over 4 micro-batches with the weights cast every time or once per
+//     step (WeightCasts::keep and reuse).
 // On the CPU float8 is emulated (at::_scaled_mm converts to float32): a correctness feature, not
 // a speed-up; the casts' section is meaningful there too.
 //
@@ -364,6 +366,58 @@ int main(int argc, char** argv) {
     std::printf(
         "(bytes/elem: the reads and writes each implementation makes by construction; the "
         "minimum for a cast to both layouts is 6, 4 with a delayed scale)\n");
+  }
+
+  // ---- 4. gradient accumulation: weight casts per micro-batch or once per step ----
+  {
+    constexpr int kMicroBatches = 4;
+    const std::vector<std::string> names = {"fp8 tensorwise", "fp8 tensorwise fused",
+                                            "fp8 delayed"};
+    std::vector<Mlp> mlps;
+    for (size_t i = 0; i < 2 * names.size(); ++i) {
+      torch::manual_seed(0);
+      mlps.emplace_back(widths, Mode{names[i / 2]});
+      mlps.back()->to(device);
+    }
+    torch::manual_seed(4);
+    const auto x = torch::randn({rows, widths.front()}, device);
+    std::vector<std::vector<double>> times(mlps.size());
+    for (int round = -1; round < rounds; ++round) {  // one warm-up round
+      for (size_t i = 0; i < mlps.size(); ++i) {     // even: fresh, odd: keep then reuse
+        mlps[i]->zero_grad(/*set_to_none=*/true);
+        sync(device);
+        const auto start = Clock::now();
+        for (int micro = 0; micro < kMicroBatches; ++micro) {
+          const auto casts = i % 2 == 0 ? amp::fp8::WeightCasts::fresh
+                             : micro == 0 ? amp::fp8::WeightCasts::keep
+                                          : amp::fp8::WeightCasts::reuse;
+          torch::Tensor loss;
+          {
+            amp::fp8::Float8AutocastGuard float8(true, casts);
+            amp::AutocastGuard autocast(
+                amp::AutocastOptions(device.type()).dtype(torch::kBFloat16));
+            loss = mlps[i]->forward(x).to(torch::kFloat).square().mean();
+          }
+          loss.backward();
+        }
+        sync(device);
+        if (round >= 0) {
+          times[i].push_back(
+              std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+        }
+      }
+    }
+    std::printf(
+        "\ngradient accumulation: %d micro-batches of %lld rows through the MLP, weights cast "
+        "every forward and backward (fresh) or once per step (WeightCasts::keep, then reuse)\n"
+        "%-22s %14s %20s %12s\n",
+        kMicroBatches, static_cast<long long>(rows), "recipe", "fresh ms", "keep+reuse ms",
+        "fresh/kept");
+    for (size_t n = 0; n < names.size(); ++n) {
+      std::printf("%-22s %14.2f %20.2f %11.2fx\n", names[n].c_str(),
+                  amp_bench::median(times[2 * n]), amp_bench::median(times[2 * n + 1]),
+                  amp_bench::median(amp_bench::ratios(times[2 * n], times[2 * n + 1])));
+    }
   }
   return 0;
 }

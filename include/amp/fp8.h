@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -146,6 +147,27 @@ struct AMP_EXPORT Recipe {
   void validate() const;
 };
 
+/// What Float8Linear layers do with their weight's float8 casts from one forward to the next, for
+/// gradient accumulation, where the weights stay the same for several micro-batches (Transformer
+/// Engine's is_first_microbatch). The casts are the same bits whichever is chosen; keep and
+/// reuse cast each weight once per optimizer step instead of once or twice per micro-batch.
+enum class WeightCasts {
+  /// Every forward casts its weight and keeps nothing (the default).
+  fresh,
+  /// Every forward casts its weight, for its GEMM and for the backward's, and the layer keeps
+  /// the casts for later `reuse` forwards, replacing what it kept before: the first micro-batch
+  /// after an optimizer step.
+  keep,
+  /// Forwards take the casts the layer kept at its last `keep` forward instead of casting: the
+  /// step's later micro-batches. A promise that the weights have not changed since: amp refuses
+  /// (c10::Error) a layer that kept nothing, whose weight is another tensor or storage (set_data,
+  /// to()), or whose version counter moved (weight.add_() under NoGradGuard). Optimizer steps do
+  /// not move it (torch::optim writes through .data(), amp's fused optimizers through their
+  /// kernels) and are not seen: the first micro-batch after each step must be `keep`. With the
+  /// delayed recipe the weight's amax enters its history once per step.
+  reuse,
+};
+
 /// An RAII float8 region, the counterpart of AutocastGuard and Transformer Engine's fp8_autocast:
 /// inside it Float8Linear layers compute in float8; outside it (evaluation, debugging) they
 /// compute exactly as torch::nn::Linear with the same parameters. The state is per thread: a new
@@ -154,18 +176,23 @@ struct AMP_EXPORT Recipe {
 /// its forward, wherever and whenever it runs.
 class AMP_EXPORT Float8AutocastGuard {
  public:
-  /// enabled=false opens a region without float8 inside an enclosing one.
-  explicit Float8AutocastGuard(bool enabled = true);
+  /// enabled=false opens a region without float8 inside an enclosing one; `weight_casts` says
+  /// what the region's forwards do with the weights' casts (see WeightCasts).
+  explicit Float8AutocastGuard(bool enabled = true, WeightCasts weight_casts = WeightCasts::fresh);
   ~Float8AutocastGuard();
   Float8AutocastGuard(const Float8AutocastGuard&) = delete;
   Float8AutocastGuard& operator=(const Float8AutocastGuard&) = delete;
 
  private:
   bool previous_;
+  WeightCasts previous_weight_casts_;
 };
 
 /// Whether this thread is inside an enabled Float8AutocastGuard.
 AMP_EXPORT bool is_float8_enabled();
+
+/// The WeightCasts of this thread's innermost Float8AutocastGuard (fresh outside any).
+AMP_EXPORT WeightCasts current_weight_casts();
 
 /// Applies the delayed-scaling amaxes that wait for a batched reduction
 /// (amp::distributed::amax_all_reduce): one all-reduce per process group for all of them, then
@@ -191,6 +218,11 @@ struct AMP_EXPORT Float8LinearOptions {
   /// How the GEMMs cast to float8 (validated when the layer is built).
   TORCH_ARG(Recipe, recipe) = Recipe::tensorwise();
 };
+
+namespace detail {
+/// A weight's float8 casts kept across forwards (src/fp8/float8_function.h).
+struct KeptWeightCasts;
+}  // namespace detail
 
 /// A linear layer with float8 GEMMs. It holds the parameters of torch::nn::Linear under the same
 /// names ("weight" [out, in], "bias" [out]) in the module's dtype: they are the master weights
@@ -223,7 +255,8 @@ class AMP_EXPORT Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl
   /// and dtype: what convert_to_float8_training puts in its place.
   Float8LinearImpl(const torch::nn::LinearImpl& linear, Recipe recipe);
 
-  /// (Re)creates the parameters and the delayed recipe's buffers, as Cloneable requires.
+  /// (Re)creates the parameters and the delayed recipe's buffers, as Cloneable requires (a clone
+  /// keeps no weight casts of its original).
   void reset() override;
   /// As Module::to, except that the delayed recipe's buffers stay float32 (a dtype change casts
   /// the parameters only; a device change moves everything).
@@ -255,6 +288,8 @@ class AMP_EXPORT Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl
  private:
   void register_delayed_buffers();
   std::string qualified_name_;
+  // What the last WeightCasts::keep forward cast (see WeightCasts); null when nothing is kept.
+  std::shared_ptr<const detail::KeptWeightCasts> kept_weight_casts_;
 };
 TORCH_MODULE(Float8Linear);
 

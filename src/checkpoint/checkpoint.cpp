@@ -136,6 +136,7 @@ class Frame : public std::enable_shared_from_this<Frame> {
     }
     cache_enabled_ = at::autocast::is_autocast_cache_enabled();
     float8_ = fp8::is_float8_enabled();
+    weight_casts_ = fp8::current_weight_casts();
   }
 
   // The forward's pack hook: a holder, no tensor.
@@ -236,7 +237,7 @@ class Frame : public std::enable_shared_from_this<Frame> {
                                                                .enabled(state.enabled)
                                                                .cache_enabled(cache_enabled_)));
       }
-      fp8::Float8AutocastGuard float8(float8_);
+      fp8::Float8AutocastGuard float8(float8_, weight_casts_);
       at::AutoGradMode grad(true);
       RecomputeProvider provider(*this);
       SavedTensorHooksScope hooks(provider);
@@ -314,6 +315,7 @@ class Frame : public std::enable_shared_from_this<Frame> {
   std::vector<AutocastState> autocast_;
   bool cache_enabled_ = true;
   bool float8_ = false;
+  fp8::WeightCasts weight_casts_ = fp8::WeightCasts::fresh;
   std::vector<std::weak_ptr<Holder>> holders_;
   std::vector<TensorMetadata> metadata_;
   bool forward_completed_ = false;

@@ -99,8 +99,9 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
       auto input_fp8 =
           cast(*layer, kInput, r.input, input, -1, save_input ? Layouts::kBoth : Layouts::kSame)
               .flatten_rows();
-      auto weight_fp8 = cast(*layer, kWeight, r.weight, weight_t, 0,
-                             save_weight ? Layouts::kBoth : Layouts::kSame);
+      auto weight_fp8 = layer->weight_casts ? layer->weight_casts->forward
+                                            : cast(*layer, kWeight, r.weight, weight_t, 0,
+                                                   save_weight ? Layouts::kBoth : Layouts::kSame);
       output = scaled_mm(input_fp8, weight_fp8, out_dtype, r.output_fast_accum);
       if (save_input) save_operand(ctx, "input", input_fp8);
       if (save_weight) save_operand(ctx, "weight", weight_fp8);
@@ -157,8 +158,11 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
     at::Tensor grad_input;
     if (layer->needs_grad_input) {
       if (r.grad_output.enabled) {
+        const auto& kept = layer->weight_casts;
         auto weight_fp8 = reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input)
                               ? load_operand(ctx, "weight")
+                          : kept && kept->for_grad_input
+                              ? *kept->for_grad_input
                               : recast(r, weight.t(), r.weight_for_grad_input, -1, Layouts::kOther);
         grad_input = scaled_mm(grad_output_fp8(), weight_fp8.t(),
                                gemm_dtype(grad_2d.scalar_type(), device), r.grad_input_fast_accum);
@@ -197,6 +201,34 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
 };
 
 }  // namespace
+
+std::shared_ptr<const KeptWeightCasts> cast_weight(LayerContext& layer, const at::Tensor& weight) {
+  at::NoGradGuard no_grad;  // as inside the autograd function's forward
+  const auto& r = layer.recipe;
+  // As the forward and backward cast it: in both layouts where the backward reuses the forward's
+  // cast (delayed), and apart for the grad_input GEMM where a dynamic recipe casts it again, which
+  // for an equal tensorwise config is the forward's cast itself (the same bits).
+  const bool backward_reuses = reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input);
+  auto forward = cast(layer, kWeight, r.weight, weight.t(), 0,
+                      backward_reuses ? Layouts::kBoth : Layouts::kSame);
+  std::optional<Float8Operand> for_grad_input;
+  if (r.weight_for_grad_input.enabled && !backward_reuses) {
+    const bool same_cast =
+        r.weight_for_grad_input == r.weight && r.weight.granularity == Granularity::tensorwise;
+    for_grad_input =
+        same_cast ? forward : recast(r, weight.t(), r.weight_for_grad_input, -1, Layouts::kOther);
+  }
+  return std::make_shared<const KeptWeightCasts>(
+      KeptWeightCasts{std::move(forward), std::move(for_grad_input),
+                      c10::weak_intrusive_ptr<c10::TensorImpl>(weight.getIntrusivePtr()),
+                      weight.storage().getWeakStorageImpl(), weight._version()});
+}
+
+bool kept_casts_match(const KeptWeightCasts& kept, const at::Tensor& weight) {
+  return kept.weight._unsafe_get_target() == weight.unsafeGetTensorImpl() &&
+         kept.storage._unsafe_get_target() == weight.storage().unsafeGetStorageImpl() &&
+         kept.version == weight._version();
+}
 
 at::Tensor float8_linear_function(const at::Tensor& input, const at::Tensor& weight,
                                   c10::intrusive_ptr<LayerContext> layer) {

@@ -61,6 +61,7 @@ Float8LinearImpl::Float8LinearImpl(const torch::nn::LinearImpl& linear, Recipe r
 
 void Float8LinearImpl::reset() {
   options.recipe().validate();
+  kept_weight_casts_.reset();
   TORCH_CHECK(options.in_features() > 0 && options.out_features() > 0,
               "amp::fp8::Float8Linear: in_features and out_features must be positive. Got ",
               options.in_features(), " and ", options.out_features(), ".");
@@ -183,6 +184,24 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input_) {
       layer->delayed[role].amax_history = buffers[std::string("amax_history_") + kRoles[role]];
       layer->delayed[role].scale = buffers[std::string("scale_") + kRoles[role]];
     }
+  }
+  const auto weight_casts = current_weight_casts();
+  if (weight_casts == WeightCasts::fresh) {
+    kept_weight_casts_.reset();  // the memory of earlier micro-batches' casts goes back
+  } else if (layer->recipe.weight.enabled) {
+    if (weight_casts == WeightCasts::keep) {
+      kept_weight_casts_ = detail::cast_weight(*layer, weight);
+    } else {
+      TORCH_CHECK(kept_weight_casts_, "amp::fp8::Float8Linear ", describe(*this),
+                  ": WeightCasts::reuse found no kept weight casts; run the first micro-batch "
+                  "after each optimizer step with WeightCasts::keep.");
+      TORCH_CHECK(detail::kept_casts_match(*kept_weight_casts_, weight), "amp::fp8::Float8Linear ",
+                  describe(*this),
+                  ": WeightCasts::reuse, but the weight changed since its casts were kept "
+                  "(another tensor or storage, or its version counter moved: changed in place); "
+                  "run the first forward after each change with WeightCasts::keep.");
+    }
+    layer->weight_casts = kept_weight_casts_;
   }
   auto output = detail::float8_linear_function(input, weight, layer);
   if (bias.defined()) output = output + bias.to(output.scalar_type());

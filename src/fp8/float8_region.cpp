@@ -1,20 +1,28 @@
-// The float8 region: a per-thread flag that Float8AutocastGuard sets and restores, which
-// Float8Linear reads at forward time.
+// The float8 region: per-thread flags (enabled, what to do with weight casts) that
+// Float8AutocastGuard sets and restores, which Float8Linear reads at forward time.
 #include <amp/fp8.h>
 
 namespace amp::fp8 {
 namespace {
 
 thread_local bool float8_enabled = false;
+thread_local WeightCasts weight_casts_mode = WeightCasts::fresh;
 
 }  // namespace
 
-Float8AutocastGuard::Float8AutocastGuard(bool enabled) : previous_(float8_enabled) {
+Float8AutocastGuard::Float8AutocastGuard(bool enabled, WeightCasts weight_casts)
+    : previous_(float8_enabled), previous_weight_casts_(weight_casts_mode) {
   float8_enabled = enabled;
+  weight_casts_mode = weight_casts;
 }
 
-Float8AutocastGuard::~Float8AutocastGuard() { float8_enabled = previous_; }
+Float8AutocastGuard::~Float8AutocastGuard() {
+  float8_enabled = previous_;
+  weight_casts_mode = previous_weight_casts_;
+}
 
 bool is_float8_enabled() { return float8_enabled; }
+
+WeightCasts current_weight_casts() { return weight_casts_mode; }
 
 }  // namespace amp::fp8

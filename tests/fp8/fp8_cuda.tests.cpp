@@ -339,3 +339,58 @@ TEST_CASE("A float8 training step captured in a CUDA graph replays as eager step
     }
   }
 }
+
+TEST_CASE("Weight casts kept and reused on CUDA give the bits of fresh casts", "[fp8][cuda]") {
+  if (!sm89_or_newer()) {
+    WARN("not run: float8 GEMMs need compute capability 8.9 or newer");
+    return;
+  }
+  const auto name = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "delayed");
+  const bool fused = GENERATE(false, true);
+  CAPTURE(name, fused);
+  auto recipe = Recipe::from_name(name);
+  recipe.fused_casts = fused;
+  // Two steps of three micro-batches of a bf16 layer: casting each time, or keeping the weight's
+  // casts on the first micro-batch and reusing them on the others.
+  const auto train = [&](bool keep_and_reuse) {
+    torch::manual_seed(23);
+    Float8Linear layer(Float8LinearOptions(64, 48).recipe(recipe));
+    layer->to(kCuda, torch::kBFloat16);
+    torch::optim::SGD opt(layer->parameters(), 0.1);
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad();
+      for (int micro = 0; micro < 3; ++micro) {
+        const auto casts = !keep_and_reuse ? amp::fp8::WeightCasts::fresh
+                           : micro == 0    ? amp::fp8::WeightCasts::keep
+                                           : amp::fp8::WeightCasts::reuse;
+        torch::manual_seed(40 + 10 * step + micro);
+        const auto x = torch::randn({32, 64}).to(kCuda, torch::kBFloat16).requires_grad_(true);
+        torch::Tensor loss;
+        {
+          Float8AutocastGuard float8(true, casts);
+          loss = layer(x).to(torch::kFloat).square().mean();
+        }
+        loss.backward();
+      }
+      opt.step();
+    }
+    return layer;
+  };
+  auto fresh = train(false);
+  auto kept = train(true);
+  if (name != "delayed") {
+    CHECK(same_bits(kept->weight, fresh->weight));
+    CHECK(same_bits(kept->bias, fresh->bias));
+  } else {
+    // The weight's scale follows its history, which moves once per step with kept casts (two
+    // entries) and once per micro-batch without (six); the input's moves with every forward.
+    const auto recorded = [](Float8Linear& layer, const char* key) {
+      return layer->named_buffers()[key].ne(0).sum().item<int64_t>();
+    };
+    CHECK(recorded(kept, "amax_history_weight") == 2);
+    CHECK(recorded(fresh, "amax_history_weight") == 6);
+    CHECK(recorded(kept, "amax_history_input") == 6);
+    CHECK(same_bits(kept->named_buffers()["amax_history_input"].slice(0, 0, 1),
+                    torch::zeros({1}, torch::kFloat)));
+  }
+}
