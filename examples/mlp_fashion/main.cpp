@@ -184,13 +184,14 @@ std::int64_t steps_per_epoch(std::int64_t train_size, const Settings& settings) 
 }
 
 /// The model's output and loss on one batch, under autocast when the precision asks for it (a
-/// disabled guard for fp32, so every precision runs the same code).
-std::pair<torch::Tensor, torch::Tensor> forward_loss(Mlp& model, const torch::Tensor& images,
-                                                     const torch::Tensor& labels,
-                                                     const Settings& settings) {
+/// disabled guard for fp32, so every precision runs the same code). With fp8, `weight_casts`
+/// says whether the layers cast their weights afresh, keep the casts or reuse kept ones.
+std::pair<torch::Tensor, torch::Tensor> forward_loss(
+    Mlp& model, const torch::Tensor& images, const torch::Tensor& labels, const Settings& settings,
+    amp::fp8::WeightCasts weight_casts = amp::fp8::WeightCasts::fresh) {
   const auto& dtype = settings.precision.autocast_dtype;
   amp::AutocastGuard autocast(settings.device.type, dtype, dtype.has_value());
-  amp::fp8::Float8AutocastGuard float8(settings.precision.float8);
+  amp::fp8::Float8AutocastGuard float8(settings.precision.float8, weight_casts);
   torch::Tensor logits = model->forward(images);
   torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
   return {logits, loss};
@@ -251,9 +252,15 @@ EpochReport train_epoch(TrainingState& state, const ImageSet& train, const Setti
     for (std::int64_t start = group; start < group_end; start += settings.batch_size) {
       const std::int64_t end = std::min(start + settings.batch_size, group_end);
       const torch::Tensor index = order.slice(0, start, end);
-      const torch::Tensor loss = forward_loss(state.model, train.images.index_select(0, index),
-                                              train.labels.index_select(0, index), settings)
-                                     .second;
+      // The weights change only at the step: with fp8 the group's first micro-batch casts them
+      // and keeps the casts, the others reuse them (the same bits, once per step).
+      const auto weight_casts = settings.accumulate == 1 ? amp::fp8::WeightCasts::fresh
+                                : start == group         ? amp::fp8::WeightCasts::keep
+                                                         : amp::fp8::WeightCasts::reuse;
+      const torch::Tensor loss =
+          forward_loss(state.model, train.images.index_select(0, index),
+                       train.labels.index_select(0, index), settings, weight_casts)
+              .second;
       const double share = static_cast<double>(end - start) / (group_end - group);
       state.scaler.scale(loss * share).backward();
       loss_sum += loss.detach() * (end - start);
