@@ -12,12 +12,14 @@
 #include <amp/fp8.h>
 
 #include "fp8/amax_batch.h"
+#include "fp8_helpers.h"
 
 using amp::fp8::DelayedScalingOptions;
 using amp::fp8::Float8AutocastGuard;
 using amp::fp8::Float8Linear;
 using amp::fp8::Float8LinearOptions;
 using amp::fp8::Recipe;
+using amp_test::same_bytes;
 
 namespace {
 
@@ -72,24 +74,18 @@ void train(torch::nn::Sequential& model, int steps, int micro_batches) {
   }
 }
 
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         torch::equal(a.reshape({-1}).contiguous().view(torch::kUInt8),
-                      b.reshape({-1}).contiguous().view(torch::kUInt8));
-}
-
 void check_same_state(torch::nn::Module& per_cast, torch::nn::Module& batched) {
   const auto expected_buffers = per_cast.named_buffers();
   const auto buffers = batched.named_buffers();
   REQUIRE(buffers.size() == 12);
   for (const auto& item : expected_buffers) {
     INFO(item.key());
-    CHECK(same_bits(buffers[item.key()], item.value()));
+    CHECK(same_bytes(buffers[item.key()], item.value()));
   }
   const auto parameters = batched.named_parameters();
   for (const auto& item : per_cast.named_parameters()) {
     INFO(item.key());
-    CHECK(same_bits(parameters[item.key()], item.value()));
+    CHECK(same_bytes(parameters[item.key()], item.value()));
   }
 }
 
@@ -143,7 +139,7 @@ TEST_CASE("A layer cast twice before a flush applies its first amax before the s
   CHECK(calls.batch_sizes == std::vector<int64_t>{2, 3, 1, 2, 3, 1, 2, 3, 1});
   for (const auto& item : per_cast->named_buffers()) {
     INFO(item.key());
-    CHECK(same_bits(batched->named_buffers()[item.key()], item.value()));
+    CHECK(same_bytes(batched->named_buffers()[item.key()], item.value()));
   }
 }
 

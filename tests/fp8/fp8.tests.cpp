@@ -22,7 +22,6 @@
 
 #include "fp8/scaling.h"
 #include "fp8_helpers.h"
-#include "support/bits.h"
 #include "support/temp_dir.h"
 
 using amp::fp8::Float8AutocastGuard;
@@ -31,14 +30,9 @@ using amp::fp8::Float8LinearImpl;
 using amp::fp8::Float8LinearOptions;
 using amp::fp8::Recipe;
 using Catch::Matchers::Contains;
+using amp_test::same_bytes;
 
 namespace {
-
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         torch::equal(a.reshape({-1}).contiguous().view(torch::kUInt8),
-                      b.reshape({-1}).contiguous().view(torch::kUInt8));
-}
 
 struct Grads {
   torch::Tensor output, input, weight, bias;
@@ -78,17 +72,17 @@ TEST_CASE("Outside a float8 region Float8Linear is torch::nn::Linear, bit for bi
   torch::manual_seed(5);
   Float8Linear layer(24, 10);
   // Same initialisation from the same seed.
-  CHECK(same_bits(layer->weight, linear->weight));
-  CHECK(same_bits(layer->bias, linear->bias));
+  CHECK(same_bytes(layer->weight, linear->weight));
+  CHECK(same_bytes(layer->bias, linear->bias));
   const auto x = torch::randn({7, 24});
   const auto expected = run([&](const torch::Tensor& in) { return linear(in); }, linear->weight,
                             linear->bias, x);
   const auto actual = run([&](const torch::Tensor& in) { return layer(in); }, layer->weight,
                           layer->bias, x);
-  CHECK(same_bits(actual.output, expected.output));
-  CHECK(same_bits(actual.input, expected.input));
-  CHECK(same_bits(actual.weight, expected.weight));
-  CHECK(same_bits(actual.bias, expected.bias));
+  CHECK(same_bytes(actual.output, expected.output));
+  CHECK(same_bytes(actual.input, expected.input));
+  CHECK(same_bytes(actual.weight, expected.weight));
+  CHECK(same_bytes(actual.bias, expected.bias));
   // The state dict is Linear's.
   CHECK(layer->named_parameters().keys() == linear->named_parameters().keys());
   CHECK(layer->named_buffers().size() == 0);
@@ -163,7 +157,7 @@ TEST_CASE("A backward follows its forward's choice, inside or outside the region
   };
   const auto inside = grads_with_backward(true);
   const auto outside = grads_with_backward(false);
-  CHECK(same_bits(inside, outside));
+  CHECK(same_bytes(inside, outside));
   // A forward outside the region gives Linear's gradient even when backward runs inside one.
   layer->zero_grad();
   auto loss = layer(x).square().sum();
@@ -174,7 +168,7 @@ TEST_CASE("A backward follows its forward's choice, inside or outside the region
   auto plain = layer->weight.grad().clone();
   layer->zero_grad();
   torch::nn::functional::linear(x, layer->weight, layer->bias).square().sum().backward();
-  CHECK(same_bits(plain, layer->weight.grad()));
+  CHECK(same_bytes(plain, layer->weight.grad()));
   CHECK_FALSE(torch::equal(plain, inside));
 }
 
@@ -222,7 +216,7 @@ TEST_CASE("convert_to_float8_training swaps Linear layers in module trees and co
   CHECK(root->named_parameters().size() == 12);
 
   // Sequential's forward runs the new layers: the same output outside the region, float8 inside.
-  CHECK(same_bits(seq->forward(x), before));
+  CHECK(same_bytes(seq->forward(x), before));
   {
     Float8AutocastGuard float8;
     CHECK_FALSE(torch::equal(seq->forward(x), before));
@@ -361,11 +355,11 @@ TEST_CASE("A delayed-scaling checkpoint resumes bit for bit", "[fp8]") {
   CHECK(resumed->named_buffers().size() == 6);
   train(resumed, 3, 6);
   for (const auto& item : straight->named_parameters()) {
-    CHECK(same_bits(item.value(), resumed->named_parameters()[item.key()]));
+    CHECK(same_bytes(item.value(), resumed->named_parameters()[item.key()]));
   }
   for (const auto& item : straight->named_buffers()) {
     INFO(item.key());
-    CHECK(same_bits(item.value(), resumed->named_buffers()[item.key()]));
+    CHECK(same_bytes(item.value(), resumed->named_buffers()[item.key()]));
   }
   // The histories did record: a fresh layer's buffers differ.
   CHECK_FALSE(torch::equal(make()->named_buffers()["scale_input"], resumed->named_buffers()["scale_input"]));
@@ -388,7 +382,7 @@ TEST_CASE("A loss scale does not change dynamic float8 gradients beyond the scal
     return layer->weight.grad().clone();
   };
   const double scale = 65536.0;
-  CHECK(same_bits(grad_with_loss_scale(scale) / scale, grad_with_loss_scale(1.0)));
+  CHECK(same_bytes(grad_with_loss_scale(scale) / scale, grad_with_loss_scale(1.0)));
 }
 
 TEST_CASE("Under CPU autocast the output follows autocast's dtype", "[fp8]") {
@@ -559,10 +553,10 @@ TEST_CASE("Permuted inputs of three or more dims give the bits of their contiguo
       auto expected_sizes = x.sizes().vec();
       expected_sizes.back() = 8;
       CHECK(a.output.sizes().vec() == expected_sizes);
-      CHECK(same_bits(a.output, b.output));
-      CHECK(same_bits(a.input.contiguous(), b.input));
-      CHECK(same_bits(a.weight, b.weight));
-      CHECK(same_bits(a.bias, b.bias));
+      CHECK(same_bytes(a.output, b.output));
+      CHECK(same_bytes(a.input.contiguous(), b.input));
+      CHECK(same_bytes(a.weight, b.weight));
+      CHECK(same_bytes(a.bias, b.bias));
     }
   }
 }
@@ -595,7 +589,7 @@ TEST_CASE("A frozen weight's float8 layer computes no grad_weight, and an unneed
   CHECK(gemms_in_backward(false, true, &frozen) == both / 2);
   CHECK(gemms_in_backward(true, false, nullptr) == both / 2);
   // Leaving grad_weight out changes nothing in grad_input.
-  CHECK(same_bits(frozen, trained));
+  CHECK(same_bytes(frozen, trained));
 }
 
 TEST_CASE("An empty batch inside a float8 region gives the empty output Linear gives", "[fp8]") {

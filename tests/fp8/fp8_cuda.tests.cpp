@@ -23,17 +23,11 @@ using amp::fp8::Float8LinearOptions;
 using amp::fp8::Recipe;
 using amp::fp8::detail::Float8Operand;
 using Catch::Matchers::Contains;
+using amp_test::same_bytes;
 
 namespace {
 
 const torch::Device kCuda(torch::kCUDA);
-
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  const auto x = a.detach().cpu().reshape({-1}).contiguous();
-  const auto y = b.detach().cpu().reshape({-1}).contiguous();
-  return x.scalar_type() == y.scalar_type() && x.sizes() == y.sizes() &&
-         torch::equal(x.view(torch::kUInt8), y.view(torch::kUInt8));
-}
 
 double relative_error(const torch::Tensor& actual, const torch::Tensor& expected) {
   const auto a = actual.detach().cpu().to(torch::kDouble);
@@ -92,10 +86,10 @@ TEST_CASE("Float8 GEMMs on CUDA give the CPU emulation's bits when every sum is 
   // first (torchao's rule for float32 and float16 outputs).
   auto exact = (a.data.to(torch::kFloat) / a.scale).matmul(b.data.to(torch::kFloat) / b.scale);
   if (rowwise) exact = exact.to(torch::kBFloat16);
-  CHECK(same_bits(gpu, exact.to(out_dtype)));
+  CHECK(same_bytes(gpu, exact.to(out_dtype)));
   // The CPU emulation agrees (LibTorch 2.11's CPU takes tensorwise scales only).
   if (!rowwise || amp_test::cpu_takes_rowwise_scales()) {
-    CHECK(same_bits(amp::fp8::detail::scaled_mm(a, b, out_dtype, fast_accum), gpu));
+    CHECK(same_bytes(amp::fp8::detail::scaled_mm(a, b, out_dtype, fast_accum), gpu));
   }
 }
 
@@ -146,7 +140,7 @@ TEST_CASE("A Float8Linear trains on CUDA as on the CPU, for every recipe", "[fp8
   CHECK(relative_error(gpu->weight, cpu->weight) < 1e-2);
   if (recipe == "delayed") {
     // The input histories depend only on the inputs: the same bits on both devices.
-    CHECK(same_bits(gpu->named_buffers()["amax_history_input"],
+    CHECK(same_bytes(gpu->named_buffers()["amax_history_input"],
                     cpu->named_buffers()["amax_history_input"]));
     CHECK(gpu->named_buffers()["scale_input"].is_cuda());
   }
@@ -168,7 +162,7 @@ TEST_CASE("Transposed and offset inputs give the bits of their contiguous copies
   const auto offset = storage.narrow(0, 1, 32 * 16).view({16, 32});  // storage offset 1
   const auto transposed = torch::randn({32, 16}, kCuda).t();         // column-major [16, 32]
   for (const auto& x : {offset, transposed}) {
-    CHECK(same_bits(layer(x), layer(x.contiguous())));
+    CHECK(same_bytes(layer(x), layer(x.contiguous())));
   }
 }
 
@@ -198,11 +192,11 @@ TEST_CASE("Permuted inputs of three or more dims give the bits of their contiguo
     REQUIRE_FALSE(a_in.is_contiguous());
     const auto a = permuted(a_in);
     const auto b = contiguous(b_in);
-    CHECK(same_bits(a, b));
+    CHECK(same_bytes(a, b));
     a.square().sum().backward();
     b.square().sum().backward();
-    CHECK(same_bits(a_in.grad().contiguous(), b_in.grad()));
-    CHECK(same_bits(permuted->weight.grad(), contiguous->weight.grad()));
+    CHECK(same_bytes(a_in.grad().contiguous(), b_in.grad()));
+    CHECK(same_bytes(permuted->weight.grad(), contiguous->weight.grad()));
   }
 }
 
@@ -238,7 +232,7 @@ TEST_CASE("A frozen weight on CUDA takes any number of rows and still gives grad
   auto b = x16.clone().requires_grad_(true);
   frozen16(a).square().sum().backward();
   trained(b).square().sum().backward();
-  CHECK(same_bits(a.grad(), b.grad()));
+  CHECK(same_bytes(a.grad(), b.grad()));
   // A weight that trains still needs the rows divisible by 16, with the layer's sentence.
   CHECK_THROWS_WITH(trained(torch::randn({8, 32}, kCuda)),
                     Contains("the number of input rows (the product of all dims but the last) "
@@ -330,7 +324,7 @@ TEST_CASE("A float8 training step captured in a CUDA graph replays as eager step
     torch::cuda::synchronize();
     // The replay moved the weights as the eager step did (cuBLAS may pick another algorithm for
     // the capture stream's workspace, so the comparison allows for summation order).
-    CHECK_FALSE(same_bits(graphed->weight, before));
+    CHECK_FALSE(same_bytes(graphed->weight, before));
     CHECK(relative_error(graphed->weight, eager->weight) < 1e-5);
     CHECK(relative_error(graphed->bias, eager->bias) < 1e-5);
     for (const auto& buffer : eager->named_buffers()) {
@@ -379,8 +373,8 @@ TEST_CASE("Weight casts kept and reused on CUDA give the bits of fresh casts", "
   auto fresh = train(false);
   auto kept = train(true);
   if (name != "delayed") {
-    CHECK(same_bits(kept->weight, fresh->weight));
-    CHECK(same_bits(kept->bias, fresh->bias));
+    CHECK(same_bytes(kept->weight, fresh->weight));
+    CHECK(same_bytes(kept->bias, fresh->bias));
   } else {
     // The weight's scale follows its history, which moves once per step with kept casts (two
     // entries) and once per micro-batch without (six); the input's moves with every forward.
@@ -390,7 +384,7 @@ TEST_CASE("Weight casts kept and reused on CUDA give the bits of fresh casts", "
     CHECK(recorded(kept, "amax_history_weight") == 2);
     CHECK(recorded(fresh, "amax_history_weight") == 6);
     CHECK(recorded(kept, "amax_history_input") == 6);
-    CHECK(same_bits(kept->named_buffers()["amax_history_input"].slice(0, 0, 1),
+    CHECK(same_bytes(kept->named_buffers()["amax_history_input"].slice(0, 0, 1),
                     torch::zeros({1}, torch::kFloat)));
   }
 }

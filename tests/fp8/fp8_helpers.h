@@ -1,10 +1,20 @@
-// What the fp8 suites share: whether this LibTorch's CPU float8 GEMM takes rowwise scales.
+// What the fp8 suites share: a bit-for-bit comparison of tensors on any device, and whether this
+// LibTorch's CPU float8 GEMM takes rowwise scales.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 namespace amp_test {
+
+/// Whether `a` and `b` have the same dtype, shape and bytes, NaN payloads and float8 included
+/// (read on the CPU, from any device; support/bits.h's same_bits ignores NaN payloads).
+inline bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
+  const auto x = a.detach().cpu().reshape({-1}).contiguous();
+  const auto y = b.detach().cpu().reshape({-1}).contiguous();
+  return x.scalar_type() == y.scalar_type() && a.sizes() == b.sizes() &&
+         at::equal(x.view(at::kByte), y.view(at::kByte));
+}
 
 /// Whether this LibTorch's CPU at::_scaled_mm takes rowwise scales (2.14's does, 2.11's not).
 inline bool cpu_takes_rowwise_scales() {

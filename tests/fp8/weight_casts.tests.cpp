@@ -19,14 +19,9 @@ using amp::fp8::Float8LinearOptions;
 using amp::fp8::Recipe;
 using amp::fp8::WeightCasts;
 using Catch::Matchers::Contains;
+using amp_test::same_bytes;
 
 namespace {
-
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         torch::equal(a.reshape({-1}).contiguous().view(torch::kUInt8),
-                      b.reshape({-1}).contiguous().view(torch::kUInt8));
-}
 
 Recipe named(const std::string& name, bool fused) {
   auto recipe = Recipe::from_name(name);
@@ -80,7 +75,7 @@ void check_same(const std::vector<torch::Tensor>& a, const std::vector<torch::Te
   REQUIRE(a.size() == b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     INFO("tensor " << i);
-    CHECK(same_bits(a[i], b[i]));
+    CHECK(same_bytes(a[i], b[i]));
   }
 }
 
@@ -101,7 +96,7 @@ TEST_CASE("Weight casts kept and reused across micro-batches give the bits of fr
   const auto got = accumulate(reused, true);
   check_same(expected, got);
   // The steps did train.
-  CHECK_FALSE(same_bits(got[0], two_layers(named(name, fused))->parameters()[0]));
+  CHECK_FALSE(same_bytes(got[0], two_layers(named(name, fused))->parameters()[0]));
 }
 
 TEST_CASE("WeightCasts::reuse takes the kept casts, not the weight", "[fp8]") {
@@ -120,11 +115,11 @@ TEST_CASE("WeightCasts::reuse takes the kept casts, not the weight", "[fp8]") {
   layer->weight.data().mul_(2);
   {
     Float8AutocastGuard float8(true, WeightCasts::reuse);
-    CHECK(same_bits(layer(x).detach(), kept_output));
+    CHECK(same_bytes(layer(x).detach(), kept_output));
   }
   {
     Float8AutocastGuard float8(true, WeightCasts::fresh);
-    CHECK_FALSE(same_bits(layer(x).detach(), kept_output));
+    CHECK_FALSE(same_bytes(layer(x).detach(), kept_output));
   }
 }
 
