@@ -5,7 +5,6 @@
 
 #include <atomic>
 #include <mutex>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -39,8 +38,7 @@ struct WaitingCast {
 
 // Casts are recorded from the forward's thread and from autograd's device threads.
 std::mutex mutex;
-std::vector<WaitingCast> waiting;
-std::unordered_set<const c10::TensorImpl*> waiting_histories;
+std::vector<WaitingCast> waiting;    // a few per layer: scanned, not indexed
 int64_t flush_queued_for_pass = -1;  // the graph task whose final callback will flush
 std::atomic<int64_t> reductions_issued{0};
 
@@ -49,7 +47,6 @@ void flush() {
   {
     std::lock_guard<std::mutex> lock(mutex);
     batch.swap(waiting);
-    waiting_histories.clear();
   }
   // One reduction per process group and device, in the order the groups first cast (the same on
   // every rank, since every rank runs the same layers in the same order).
@@ -86,13 +83,10 @@ bool defer_delayed_amax(DelayedState& state, const at::Tensor& amax, c10::Scalar
   const auto* reduction =
       options.amax_reduction() ? options.amax_reduction().target<BatchedReduction>() : nullptr;
   if (!reduction) return false;
-  // The cast flushed its predecessor's amax before reading its scale (flush_if_waiting); a
-  // predecessor recorded since, by another thread, must still reach the history first.
-  flush_if_waiting(state);
+  // The cast flushed its predecessor's amax before reading its scale (flush_if_waiting).
   state.amax_history[0].copy_(amax);
   std::lock_guard<std::mutex> lock(mutex);
   waiting.push_back(WaitingCast{state, fp8_dtype, options});
-  waiting_histories.insert(state.amax_history.unsafeGetTensorImpl());
   return true;
 }
 
@@ -100,7 +94,8 @@ void flush_if_waiting(const DelayedState& state) {
   bool waits = false;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    waits = waiting_histories.count(state.amax_history.unsafeGetTensorImpl()) > 0;
+    for (const auto& cast : waiting)
+      waits = waits || cast.state.amax_history.is_same(state.amax_history);
   }
   if (waits) flush();
 }
