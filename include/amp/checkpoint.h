@@ -6,19 +6,24 @@
 
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include <amp/export.h>
 
@@ -29,13 +34,14 @@ enum class DeterminismCheck {
   /// Every tensor saved for backward has the same shape, dtype and device in the recomputation
   /// as in the forward, and as many are saved; otherwise backward throws ("default").
   kDefault,
-  /// No comparison ("none").
+  /// Only the count is compared ("none": Python too counts the tensors whatever the check).
   kNone,
 };
 
 /// Options of amp::checkpoint, named and defaulted as torch.utils.checkpoint's.
 struct CheckpointOptions {
-  /// Restore the CPU RNG state (and the CUDA states of the devices of the tensor arguments) of
+  /// Restore the CPU RNG state (and the states of the CUDA devices of the tensor arguments, those
+  /// nested in vectors, arrays, tuples, optionals and maps included, as Python's tree_map) of
   /// the forward for the recomputation, so that dropout draws the same mask; the states after the
   /// recomputation are those before it.
   TORCH_ARG(bool, preserve_rng_state) = true;
@@ -49,6 +55,57 @@ namespace detail {
 
 template <typename T>
 constexpr bool kIsTensor = std::is_same_v<std::decay_t<T>, at::Tensor>;
+
+template <typename T, typename = void>
+struct IsRange : std::false_type {};
+template <typename T>
+struct IsRange<T, std::void_t<decltype(std::begin(std::declval<const T&>())),
+                              decltype(std::end(std::declval<const T&>()))>> : std::true_type {};
+
+template <typename T, typename = void>
+struct IsTupleLike : std::false_type {};
+template <typename T>
+struct IsTupleLike<T, std::void_t<decltype(std::tuple_size<T>::value)>> : std::true_type {};
+
+template <typename T>
+struct IsOptional : std::false_type {};
+template <typename T>
+struct IsOptional<std::optional<T>> : std::true_type {};
+
+// Calls `visit` on every tensor in `value`: the value itself, or the tensors inside an optional,
+// a pair or tuple, or a range (std::vector, std::array, at::TensorList, a map's values), nested
+// to any depth, as Python's tree_map walks a checkpoint's arguments.
+template <typename T, typename Visit>
+void for_each_tensor(const T& value, const Visit& visit) {
+  using V = std::decay_t<T>;
+  if constexpr (kIsTensor<V>) {
+    visit(value);
+  } else if constexpr (IsOptional<V>::value) {
+    if (value) for_each_tensor(*value, visit);
+  } else if constexpr (std::is_same_v<V, std::string>) {
+    // characters hold no tensor
+  } else if constexpr (IsTupleLike<V>::value) {
+    std::apply([&](const auto&... items) { (for_each_tensor(items, visit), ...); }, value);
+  } else if constexpr (IsRange<V>::value) {
+    for (const auto& item : value) for_each_tensor(item, visit);
+  }
+}
+
+// The devices (other than the CPU) of every tensor in the arguments, nested ones included, each
+// once: the generators whose states the recomputation restores.
+template <typename... Args>
+std::vector<c10::Device> accelerator_devices(const Args&... args) {
+  std::vector<c10::Device> devices;
+  const auto add = [&devices](const at::Tensor& t) {
+    if (!t.defined() || t.device().is_cpu() || t.device().is_meta()) return;
+    for (const auto& d : devices) {
+      if (d == t.device()) return;
+    }
+    devices.push_back(t.device());
+  };
+  (for_each_tensor(args, add), ...);
+  return devices;
+}
 
 template <typename T>
 void collect_tensor(const T& value, std::vector<at::Tensor>& tensors) {
@@ -78,8 +135,10 @@ T with_tensor(const T& value, const std::vector<at::Tensor>& tensors, size_t& ne
 /// The engine behind amp::checkpoint (src/checkpoint/checkpoint.cpp): runs `forward` (the call
 /// with the user's arguments) so that the tensors autograd saves in it are dropped, and keeps
 /// `recompute` (the same call on the given tensor arguments) to rebuild them in backward.
+/// `rng_devices`: the devices, besides the CPU, whose generator states the recomputation restores.
 AMP_EXPORT void run_checkpointed(const CheckpointOptions& options,
                                  const std::vector<at::Tensor>& tensor_args,
+                                 const std::vector<c10::Device>& rng_devices,
                                  std::function<void(const std::vector<at::Tensor>&)> recompute,
                                  const std::function<void()>& forward);
 
@@ -96,9 +155,11 @@ AMP_EXPORT void run_checkpointed(const CheckpointOptions& options,
 ///
 /// Works with any autograd graph: several outputs (a tuple or vector), inputs that do not
 /// require grad, non-tensor arguments (copied and passed again), nested checkpoints,
-/// `torch::autograd::grad` as well as `backward()`, GradScaler, amp's optimizers, DDP, bfloat16
-/// weights and amp::fp8 layers (delayed scaling's histories are updated by the forward only: the
-/// recomputation casts with the forward's scales, as Transformer Engine does).
+/// `torch::autograd::grad` as well as `backward()`, a backward inside `fn` itself (a derivative
+/// loss: it runs through the recomputation's own graph, as Python's rule 6), GradScaler, amp's
+/// optimizers, DDP, bfloat16 weights and amp::fp8 layers (their float8 copies are dropped with the
+/// activations; delayed scaling's histories are updated by the forward only: the recomputation
+/// casts with the forward's scales, as Transformer Engine does).
 ///
 /// `fn` is kept for backward (by value: a lambda capturing a model by reference must outlive the
 /// backward), and so are the tensor arguments (saved for backward: modifying one in place before
@@ -118,7 +179,7 @@ auto checkpoint(const CheckpointOptions& options, Fn fn, Args... args)
   auto kept_args = std::make_shared<std::tuple<Args...>>(detail::without_tensor(args)...);
   std::optional<Result> result;
   detail::run_checkpointed(
-      options, tensors,
+      options, tensors, detail::accelerator_devices(args...),
       [kept_fn, kept_args](const std::vector<at::Tensor>& inputs) {
         std::apply(
             [&](const auto&... kept) {
@@ -148,9 +209,19 @@ AMP_EXPORT at::Tensor checkpoint_sequential(torch::nn::Sequential& sequential, i
                                             const at::Tensor& input,
                                             const CheckpointOptions& options = {});
 
-/// A module whose forward is `module`'s, checkpointed: put it where the module was (in a
-/// Sequential, a ModuleList, a member holder) and the model's own forward needs no change. The
-/// wrapped module is registered as "module" (its parameters are "module.<name>").
+/// A module whose forward is `module`'s, checkpointed: put it where the module was in a
+/// Sequential (or anything that calls it through AnyModule or the holder's forward), and the
+/// model's own forward needs no change. A forward that casts its submodules to their own type
+/// (`list[i]->as<Block>()` on a ModuleList) finds the wrapper instead: there, call the wrapper's
+/// forward, or reach the module with `wrapped().get<Block>()`.
+///
+/// Names, as Python's checkpoint_wrapper: the wrapped module is registered as the child "module",
+/// so the module tree (named_modules, apply, named_parameters: "<name>.module.weight") shows it,
+/// but checkpoints do not. torch::save writes the wrapped module's parameters, buffers and
+/// children at the wrapper's own level ("<name>.weight"), and torch::load reads them there, so a
+/// checkpoint of the unwrapped model loads into the wrapped one and back. (LibTorch's
+/// named_parameters is not virtual, so unlike Python's it keeps the "module." level.) A
+/// checkpoint written by amp 0.1, with the "module" level, still loads.
 /// forward(input) -> `module`'s forward(input) (a tensor to a tensor).
 class AMP_EXPORT CheckpointWrapperImpl : public torch::nn::Module {
  public:
@@ -160,8 +231,24 @@ class AMP_EXPORT CheckpointWrapperImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& input);
   /// The wrapped module.
   const torch::nn::AnyModule& wrapped() const { return module_; }
+  /// The options every forward checkpoints with.
+  const CheckpointOptions& options() const { return options_; }
   /// Prints "amp::CheckpointWrapper(<the wrapped module>)".
   void pretty_print(std::ostream& stream) const override;
+  /// A wrapper with the same options around a deep copy of the wrapped module (its clone(), so
+  /// the wrapped module must be clonable, as every LibTorch layer is), on `device` when given:
+  /// an EMA copy, LibTorch's data_parallel replicas, a Cloneable model holding wrappers.
+  std::shared_ptr<torch::nn::Module> clone(
+      const std::optional<torch::Device>& device = std::nullopt) const override;
+  /// Writes the wrapped module's parameters, buffers and children as the wrapper's own.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// Reads what save() writes, or (older checkpoints) the same one level down under "module".
+  void load(torch::serialize::InputArchive& archive) override;
+
+ protected:
+  /// Becomes a clone of `other` (a CheckpointWrapperImpl), as Cloneable modules do with their
+  /// children.
+  void clone_(torch::nn::Module& other, const std::optional<torch::Device>& device) override;
 
  private:
   torch::nn::AnyModule module_;

@@ -118,18 +118,20 @@ class Frame : public std::enable_shared_from_this<Frame> {
   Frame(const CheckpointOptions& options, std::function<void(const std::vector<at::Tensor>&)> fn)
       : options_(options), recompute_(std::move(fn)) {}
 
-  void capture(const std::vector<at::Tensor>& tensor_args) {
-    std::vector<c10::Device> devices;
+  void capture(const std::vector<at::Tensor>& tensor_args,
+               const std::vector<c10::Device>& rng_devices) {
     for (const at::Tensor& t : tensor_args) {
       // Saved as any tensor saved for backward: an enclosing checkpoint's hooks drop it too.
       inputs_.emplace_back(t, /*is_output=*/false);
-      if (t.defined() && t.device().type() == c10::DeviceType::CUDA) {
-        bool seen = false;
-        for (const auto& d : devices) seen = seen || d == t.device();
-        if (!seen) devices.push_back(t.device());
-      }
     }
-    if (options_.preserve_rng_state()) rng_ = capture_rng(devices);
+    if (options_.preserve_rng_state()) {
+      // The CPU's generator always; of the others, those with a default generator here (CUDA).
+      std::vector<c10::Device> devices;
+      for (const c10::Device& d : rng_devices) {
+        if (d.is_cuda()) devices.push_back(d);
+      }
+      rng_ = capture_rng(devices);
+    }
     for (c10::DeviceType device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
       autocast_.push_back({device, at::autocast::is_autocast_enabled(device),
                            at::autocast::get_autocast_dtype(device)});
@@ -150,13 +152,18 @@ class Frame : public std::enable_shared_from_this<Frame> {
     return holder;
   }
 
-  // The recomputation's pack hook.
-  void rebuilt(const at::Tensor& tensor) {
+  // The recomputation's pack hook: hands `tensor` to its holder, and returns what the
+  // recomputation's own graph keeps of it (a backward inside the checkpointed function runs
+  // through that graph).
+  at::Tensor rebuilt(const at::Tensor& tensor) {
+    at::Tensor kept = tensor.requires_grad() ? tensor.detach() : tensor;
     const size_t index = counter_[gid_]++;
     if (index >= holders_.size()) {
-      if (!forward_completed_) {  // a backward inside the checkpointed function itself
+      if (!forward_completed_) {
+        // A backward inside the checkpointed function, during its forward: the recomputation
+        // that serves it runs past what the forward has saved so far (Python's rule 6).
         ignore_mismatch_ = true;
-        return;
+        return kept;
       }
       TORCH_CHECK(false,
                   "amp::checkpoint: the recomputation saved more tensors for backward than the "
@@ -165,11 +172,14 @@ class Frame : public std::enable_shared_from_this<Frame> {
                   "); the checkpointed function must run the same operations both times (no "
                   "branch on state that changes between forward and backward).");
     }
+    // A holder already freed (a backward inside the function, without retain_graph, released it)
+    // needs nothing.
     if (auto holder = holders_[index].lock()) {
       holder->taken[gid_] = false;
-      recomputed_[gid_][index] = tensor.requires_grad() ? tensor.detach() : tensor;
+      recomputed_[gid_][index] = kept;
     }
     if (options_.early_stop() && counter_[gid_] == holders_.size()) throw StopRecomputation{};
+    return kept;
   }
 
   // The forward's unpack hook: the tensor of `holder` for the running backward.
@@ -183,8 +193,10 @@ class Frame : public std::enable_shared_from_this<Frame> {
       check_recomputed(gid);
     }
     const auto taken = holder.taken.find(gid);
-    TORCH_INTERNAL_ASSERT(taken != holder.taken.end(),
-                          "amp::checkpoint: a saved tensor was not recomputed");
+    TORCH_CHECK(taken != holder.taken.end(), "amp::checkpoint: tensor ", holder.index, " of the ",
+                holders_.size(),
+                " the forward saved for backward was not rebuilt by the recomputation; the "
+                "checkpointed function must run the same operations both times.");
     TORCH_CHECK(!taken->second,
                 "amp::checkpoint: a tensor the checkpointed function saved for backward was "
                 "unpacked a second time in one backward. A custom autograd function's backward "
@@ -257,12 +269,16 @@ class Frame : public std::enable_shared_from_this<Frame> {
     if (after) restore_rng(*after);
   }
 
+  // Python's check_recomputed_tensors_match: the count always (its "none" only skips the
+  // metadata), the shape, dtype and device of each tensor under kDefault.
   void check_recomputed(int64_t gid) {
-    if (ignore_mismatch_ || options_.determinism_check() == DeterminismCheck::kNone) return;
+    if (ignore_mismatch_) return;
     TORCH_CHECK(counter_[gid] == holders_.size(), "amp::checkpoint: the forward saved ",
                 holders_.size(), " tensors for backward and the recomputation ", counter_[gid],
-                "; the checkpointed function must run the same operations both times (or pass "
-                "CheckpointOptions().determinism_check(amp::DeterminismCheck::kNone)).");
+                "; the checkpointed function must run the same operations both times (no branch "
+                "on state that changes between forward and backward). determinism_check does "
+                "not relax this: kNone skips only the comparison of shapes, dtypes and devices.");
+    if (options_.determinism_check() == DeterminismCheck::kNone) return;
     std::ostringstream different;
     for (size_t index = 0; index < holders_.size(); ++index) {
       if (holders_[index].expired()) continue;
@@ -285,16 +301,14 @@ class Frame : public std::enable_shared_from_this<Frame> {
   class RecomputeHooks final : public torch::autograd::SavedVariableHooks {
    public:
     explicit RecomputeHooks(Frame& frame) : frame_(frame) {}
-    void call_pack_hook(const at::Tensor& tensor) override { frame_.rebuilt(tensor); }
-    at::Tensor call_unpack_hook() override {
-      TORCH_CHECK(false,
-                  "amp::checkpoint: a backward ran through the graph of a recomputation, which "
-                  "keeps no tensors; call backward on the checkpoint's outputs instead.");
-      return at::Tensor();
-    }
+    void call_pack_hook(const at::Tensor& tensor) override { kept_ = frame_.rebuilt(tensor); }
+    // A backward through the recomputation's own graph: a backward inside the checkpointed
+    // function (Python's rule 6). The graph dies with the recomputation.
+    at::Tensor call_unpack_hook() override { return kept_; }
 
    private:
     Frame& frame_;
+    at::Tensor kept_;
   };
 
   class RecomputeProvider final : public SavedTensorHooksProvider {
@@ -372,6 +386,7 @@ void record_delayed_scale(const at::Tensor& scale) {
 }
 
 void run_checkpointed(const CheckpointOptions& options, const std::vector<at::Tensor>& tensor_args,
+                      const std::vector<c10::Device>& rng_devices,
                       std::function<void(const std::vector<at::Tensor>&)> recompute,
                       const std::function<void()>& forward) {
   if (!at::GradMode::is_enabled()) {
@@ -379,7 +394,7 @@ void run_checkpointed(const CheckpointOptions& options, const std::vector<at::Te
     return;
   }
   auto frame = std::make_shared<Frame>(options, std::move(recompute));
-  frame->capture(tensor_args);
+  frame->capture(tensor_args, rng_devices);
   {
     ForwardProvider provider(frame);
     SavedTensorHooksScope hooks(provider);
@@ -438,6 +453,39 @@ void CheckpointWrapperImpl::pretty_print(std::ostream& stream) const {
   stream << "amp::CheckpointWrapper(";
   module_.ptr()->pretty_print(stream);
   stream << ")";
+}
+
+std::shared_ptr<torch::nn::Module> CheckpointWrapperImpl::clone(
+    const std::optional<torch::Device>& device) const {
+  return std::make_shared<CheckpointWrapperImpl>(module_.clone(device), options_);
+}
+
+void CheckpointWrapperImpl::clone_(torch::nn::Module& other,
+                                   const std::optional<torch::Device>& device) {
+  auto* wrapper = dynamic_cast<CheckpointWrapperImpl*>(&other);
+  TORCH_CHECK(wrapper != nullptr, "amp::CheckpointWrapper: cannot become a clone of a ",
+              other.name(), "; a Cloneable module's reset() must build the same submodules.");
+  *this = static_cast<const CheckpointWrapperImpl&>(*wrapper->clone(device));
+}
+
+void CheckpointWrapperImpl::save(torch::serialize::OutputArchive& archive) const {
+  module_.ptr()->save(archive);
+}
+
+void CheckpointWrapperImpl::load(torch::serialize::InputArchive& archive) {
+  const auto& wrapped = *module_.ptr();
+  // amp 0.1 wrote the wrapped module one level down, under "module" (a name the wrapped module
+  // may also use for a child of its own, which then takes precedence).
+  if (!wrapped.named_children().contains("module") &&
+      !wrapped.named_parameters(false).contains("module") &&
+      !wrapped.named_buffers(false).contains("module")) {
+    torch::serialize::InputArchive nested;
+    if (archive.try_read("module", nested)) {
+      module_.ptr()->load(nested);
+      return;
+    }
+  }
+  module_.ptr()->load(archive);
 }
 
 }  // namespace amp

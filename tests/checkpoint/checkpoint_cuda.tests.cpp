@@ -1,7 +1,7 @@
 // GPU tests of amp::checkpoint: a block with dropout under CUDA bf16 autocast recomputes the
 // forward's bits (the CUDA generator's state restored, not only the CPU's), the generator goes on
 // from where backward found it, and a checkpointed deep MLP holds less CUDA memory after its
-// forward than the plain one.
+// forward than the plain one; a CUDA tensor nested in the arguments restores its generator too.
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
@@ -36,17 +36,25 @@ struct CudaRun {
   torch::Tensor output, input_grad, fc1_grad, rng_after;
 };
 
-CudaRun run_on_cuda(bool checkpointed, bool preserve_rng) {
+// `nested`: the input reaches the checkpoint inside a std::vector, not as a tensor argument.
+CudaRun run_on_cuda(bool checkpointed, bool preserve_rng, bool nested = false) {
   torch::manual_seed(11);  // seeds the CPU and every CUDA generator
   auto block = std::make_shared<CudaBlock>();
   auto x = torch::randn({32, 64}, kCuda).requires_grad_(true);
   torch::Tensor out;
   {
     amp::AutocastGuard autocast(c10::DeviceType::CUDA, torch::kBFloat16);
-    out = checkpointed ? amp::checkpoint(
-                             amp::CheckpointOptions().preserve_rng_state(preserve_rng),
-                             [block](const torch::Tensor& t) { return block->forward(t); }, x)
-                       : block->forward(x);
+    const auto opts = amp::CheckpointOptions().preserve_rng_state(preserve_rng);
+    if (!checkpointed) {
+      out = block->forward(x);
+    } else if (nested) {
+      out = amp::checkpoint(
+          opts, [block](const std::vector<torch::Tensor>& v) { return block->forward(v[0]); },
+          std::vector<torch::Tensor>{x});
+    } else {
+      out = amp::checkpoint(
+          opts, [block](const torch::Tensor& t) { return block->forward(t); }, x);
+    }
   }
   out.to(torch::kFloat).square().sum().backward();
   return {out.detach(), x.grad(), block->fc1->weight.grad().clone(), torch::rand({8}, kCuda)};
@@ -73,6 +81,18 @@ TEST_CASE("A checkpointed block with dropout under CUDA bf16 autocast gives the 
   const auto loose = run_on_cuda(true, false);
   CHECK(amp_test::same_bits(loose.output, plain.output));
   CHECK_FALSE(amp_test::same_bits(loose.input_grad, plain.input_grad));
+}
+
+TEST_CASE("A CUDA tensor nested in a checkpoint's arguments restores the CUDA generator",
+          "[checkpoint][cuda]") {
+  // Python finds the devices of tensors inside lists, tuples and dicts; without them the
+  // recomputation redraws the CUDA dropout mask and the gradients differ.
+  const auto plain = run_on_cuda(false, true);
+  const auto nested = run_on_cuda(true, true, /*nested=*/true);
+  CHECK(amp_test::same_bits(nested.output, plain.output));
+  CHECK(amp_test::same_bits(nested.input_grad, plain.input_grad));
+  CHECK(amp_test::same_bits(nested.fc1_grad, plain.fc1_grad));
+  CHECK(amp_test::same_bits(nested.rng_after, plain.rng_after));
 }
 
 TEST_CASE("A checkpointed deep MLP holds less CUDA memory after its forward, same gradients",
