@@ -197,7 +197,9 @@ struct AMP_DISTRIBUTED_EXPORT DistributedDataParallelOptions {
   /// Optimizer::zero_grad() calls detach_() on every gradient, which a view refuses.
   TORCH_ARG(bool, gradient_as_bucket_view) = false;
   /// Broadcast the module's buffers from rank 0 before every synced forward (e.g. BatchNorm's
-  /// running statistics), as DDP does.
+  /// running statistics), as DDP does; except the buffers a module declares rank-local
+  /// (amp::fp8::Float8Linear's delayed-scaling histories and scales, each rank's own as in
+  /// Transformer Engine), which are never broadcast.
   TORCH_ARG(bool, broadcast_buffers) = true;
   /// The set of used parameters and the order of their gradients is the same in every iteration:
   /// the first iteration finds it (all-reduce after backward), the later ones reuse it.

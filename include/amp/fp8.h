@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include <amp/detail/buffer_roles.h>
 #include <amp/export.h>
 
 namespace amp::fp8 {
@@ -85,7 +86,8 @@ struct AMP_EXPORT DelayedScalingOptions {
   TORCH_ARG(int64_t, margin) = 0;
   /// e4m3 everywhere, or e5m2 for grad_output (hybrid).
   TORCH_ARG(Float8Format, fp8_format) = Float8Format::hybrid;
-  /// Unset: every rank keeps its own amaxes.
+  /// Unset: every rank keeps its own amaxes, histories and scales (DistributedDataParallel does
+  /// not broadcast these buffers), as with Transformer Engine without an amax reduction group.
   TORCH_ARG(AmaxReduction, amax_reduction) = nullptr;
 };
 
@@ -161,9 +163,11 @@ enum class WeightCasts {
   /// Forwards take the casts the layer kept at its last `keep` forward instead of casting: the
   /// step's later micro-batches. A promise that the weights have not changed since: amp refuses
   /// (c10::Error) a layer that kept nothing, whose weight is another tensor or storage (set_data,
-  /// to()), or whose version counter moved (weight.add_() under NoGradGuard). Optimizer steps do
-  /// not move it (torch::optim writes through .data(), amp's fused optimizers through their
-  /// kernels) and are not seen: the first micro-batch after each step must be `keep`. With the
+  /// to()), or whose version counter moved (weight.add_() under NoGradGuard). amp's fused
+  /// optimizers and torch::optim::AdamW's weight decay move it, so a step they took is seen;
+  /// torch::optim::SGD and Adam write through .data() and their steps are not: the first
+  /// micro-batch after each step must be `keep` in any case. A `keep` forward casts the weight
+  /// even when its input has no rows (an MoE expert without tokens in that micro-batch). With the
   /// delayed recipe the weight's amax enters its history once per step.
   reuse,
 };
@@ -201,7 +205,10 @@ AMP_EXPORT WeightCasts current_weight_casts();
 /// and before casting a tensor whose previous amax still waits (so each cast sees the scale its
 /// predecessors left). Call it yourself, on every rank, after forwards without a backward
 /// (evaluation inside a float8 region) and before saving the module. Nothing waits, nothing runs.
-/// Waiting amaxes are per process: it applies every layer's.
+/// Waiting amaxes are per process: it applies every layer's. So batched reductions serve one
+/// training thread per process: a forward cast from a second thread while the first's amaxes
+/// wait is refused (c10::Error), since either thread's flush would carry both and the ranks'
+/// collectives could go out of order.
 AMP_EXPORT void flush_delayed_scaling();
 
 /// Options of Float8Linear: LinearOptions' three plus the recipe.
@@ -238,12 +245,14 @@ struct KeptWeightCasts;
 /// CUDA autocast dtype (torchao's rule). The bias is added in the output's dtype. Outside a region
 /// it is torch::nn::functional::linear. Any layout of the input works (a permuted input gives the
 /// bits of its contiguous copy); an input with no rows returns the empty result without casting
-/// (zero parameter gradients, delayed histories untouched). The backward computes grad_weight
+/// it (zero parameter gradients, the input and grad_output histories untouched; under
+/// WeightCasts::keep the weight is still cast and kept). The backward computes grad_weight
 /// only for a weight that requires grad and grad_input only for an input that does.
 /// Errors (c10::Error): an input that is not float32/bfloat16/float16 or whose last dim is not
 /// in_features; on CUDA, in_features or out_features not divisible by 16, or the rows when the
 /// weight trains (at::_scaled_mm's rule; the message names the layer and the dimension).
-class AMP_EXPORT Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
+class AMP_EXPORT Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl>,
+                                    public amp::detail::BufferRoles {
  public:
   /// A tensorwise layer with a bias, initialised as torch::nn::Linear(in_features, out_features).
   Float8LinearImpl(int64_t in_features, int64_t out_features)
@@ -271,6 +280,13 @@ class AMP_EXPORT Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl
   void pretty_print(std::ostream& stream) const override;
   /// input [..., in_features] -> [..., out_features]; see the class comment.
   at::Tensor forward(const at::Tensor& input);
+
+  /// The delayed recipe's buffers (amax_history_*, scale_*) stay float32 when the dtype changes.
+  bool keeps_float32(const std::string& name) const override;
+  /// The delayed recipe's buffers are each rank's own, as Transformer Engine's float8 metadata:
+  /// DistributedDataParallel does not broadcast them. Ranks agree on them only through
+  /// DelayedScalingOptions::amax_reduction.
+  bool rank_local(const std::string& name) const override;
 
   /// The qualified name convert_to_float8_training found the layer under ("" when built
   /// directly): error messages name the layer by it.

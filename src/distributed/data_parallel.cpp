@@ -3,6 +3,8 @@
 // ddp_comm_hooks.cpp, the outputs' sink in ddp_sink.cpp).
 #include <amp/distributed.h>
 
+#include <amp/detail/buffer_roles.h>
+
 #include <algorithm>
 #include <limits>
 #include <mutex>
@@ -26,6 +28,24 @@
 namespace amp::distributed {
 
 namespace {
+
+// The buffers below `module` that rank 0 broadcasts: all but those their module declares
+// rank-local (a float8 layer's delayed-scaling histories and scales, each rank's own as in
+// Transformer Engine). Each buffer once, in module order.
+std::vector<at::Tensor> broadcast_buffers(torch::nn::Module& module) {
+  std::vector<at::Tensor> buffers;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& named : module.named_modules()) {
+    const torch::nn::Module& owner = *named.value();
+    for (const auto& buffer : owner.named_buffers(/*recurse=*/false)) {
+      if (amp::detail::rank_local_buffer(owner, buffer.key())) continue;
+      if (seen.insert(buffer.value().unsafeGetTensorImpl()).second) {
+        buffers.push_back(buffer.value());
+      }
+    }
+  }
+  return buffers;
+}
 
 constexpr const char* kWho = detail::kDdpName;
 // Python's DDP broadcasts the initial state in chunks of this many bytes.
@@ -218,12 +238,12 @@ void DistributedDataParallel::initialize(std::unordered_map<size_t, std::string>
     c10d::verify_params_across_processes(group_, parameters_, std::nullopt);
 
     // Rank 0's state everywhere: every parameter (also those without requires_grad) and, with
-    // broadcast_buffers, every buffer.
+    // broadcast_buffers, every buffer but the rank-local ones.
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> state;
     for (const auto& p : module_->parameters()) state.push_back(p.detach());
     if (options_.broadcast_buffers()) {
-      for (const auto& b : module_->buffers()) state.push_back(b.detach());
+      for (const auto& b : broadcast_buffers(*module_)) state.push_back(b.detach());
     }
     if (!state.empty()) c10d::broadcast_coalesced(group_, state, kBroadcastBucketBytes, 0);
   }
@@ -371,7 +391,7 @@ void DistributedDataParallel::begin_forward() {
   if (require_forward_param_sync_ && options_.broadcast_buffers() && group_->getSize() > 1) {
     std::vector<at::Tensor> buffers;
     std::vector<uint32_t> versions;
-    for (const auto& b : module_->buffers()) {
+    for (const auto& b : broadcast_buffers(*module_)) {
       buffers.push_back(b.detach());
       versions.push_back(b._version());
     }

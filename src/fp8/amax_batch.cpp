@@ -1,10 +1,12 @@
 // Batched amax reductions for delayed scaling (amax_batch.h): the process-wide list of casts whose
-// amax waits for its all-reduce, and the flush that reduces them per process group and applies
-// the per-cast update to each.
+// amax waits for its all-reduce (fed by one training thread: a second is refused), and the flush
+// that reduces them per process group and applies the per-cast update to each.
 #include "fp8/amax_batch.h"
 
 #include <atomic>
 #include <mutex>
+#include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -31,6 +33,9 @@ struct WaitingCast {
   DelayedState state;
   c10::ScalarType fp8_dtype;
   DelayedScalingOptions options;
+  // The thread of a forward's cast (outside any backward); unset for a backward's cast, which
+  // autograd may run on its own device threads.
+  std::optional<std::thread::id> forward_thread;
   const BatchedReduction& reduction() const {
     return *options.amax_reduction().target<BatchedReduction>();
   }
@@ -41,6 +46,30 @@ std::mutex mutex;
 std::vector<WaitingCast> waiting;    // a few per layer: scanned, not indexed
 int64_t flush_queued_for_pass = -1;  // the graph task whose final callback will flush
 std::atomic<int64_t> reductions_issued{0};
+
+// The thread of a cast in a forward (outside any backward); nullopt inside a backward, which
+// autograd may run on its own device threads for the thread that started it.
+std::optional<std::thread::id> forward_cast_thread() {
+  if (torch::autograd::get_current_graph_task_id() != -1) return std::nullopt;
+  return std::this_thread::get_id();
+}
+
+// The waiting amaxes are the process's: a flush at the end of one thread's backward (or before
+// one thread's cast) would reduce another thread's on their groups, and the collectives could
+// reach the ranks in different orders and hang. Refused before anything changes. Call with the
+// mutex held.
+void check_one_training_thread(const std::optional<std::thread::id>& forward_thread) {
+  if (!forward_thread) return;
+  for (const auto& cast : waiting) {
+    TORCH_CHECK(!cast.forward_thread || *cast.forward_thread == *forward_thread,
+                "amp::fp8: two threads cast with a batched amax reduction "
+                "(amp::distributed::amax_all_reduce) while amaxes of the other wait for theirs. "
+                "The waiting amaxes are per process, so one thread's flush would carry the "
+                "other's and the ranks' collectives could go out of order and hang. Train from "
+                "one thread per process, or give the other thread's layers an amax_reduction of "
+                "your own (reduced at every cast).");
+  }
+}
 
 void flush() {
   std::vector<WaitingCast> batch;
@@ -83,19 +112,24 @@ bool defer_delayed_amax(DelayedState& state, const at::Tensor& amax, c10::Scalar
   const auto* reduction =
       options.amax_reduction() ? options.amax_reduction().target<BatchedReduction>() : nullptr;
   if (!reduction) return false;
+  const std::optional<std::thread::id> forward_thread = forward_cast_thread();
+  std::lock_guard<std::mutex> lock(mutex);
+  check_one_training_thread(forward_thread);
   // The cast flushed its predecessor's amax before reading its scale (flush_if_waiting).
   state.amax_history[0].copy_(amax);
-  std::lock_guard<std::mutex> lock(mutex);
-  waiting.push_back(WaitingCast{state, fp8_dtype, options});
+  waiting.push_back(WaitingCast{state, fp8_dtype, options, forward_thread});
   return true;
 }
 
 void flush_if_waiting(const DelayedState& state) {
+  const std::optional<std::thread::id> forward_thread = forward_cast_thread();
   bool waits = false;
   {
     std::lock_guard<std::mutex> lock(mutex);
     for (const auto& cast : waiting)
       waits = waits || cast.state.amax_history.is_same(state.amax_history);
+    // The flush this cast needs would carry every waiting amax.
+    if (waits) check_one_training_thread(forward_thread);
   }
   if (waits) flush();
 }

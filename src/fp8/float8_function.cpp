@@ -3,6 +3,8 @@
 #include "fp8/float8_function.h"
 
 #include <optional>
+#include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -61,20 +63,36 @@ Float8Operand recast(const Recipe& r, const at::Tensor& x, const CastConfig& con
                        : cast_dynamic(x, config, axis, r.round_scales_to_power_of_2);
 }
 
+// Where the forward's tensors for the backward sit in save_for_backward's list. Every tensor goes
+// through save_for_backward (never ctx->saved_data), so that saved-tensor hooks see them all: an
+// amp::checkpoint drops the float8 copies with the activations, as torch.utils.checkpoint drops
+// torchao's.
+enum SavedSlot {
+  kSavedInput = 0,
+  kSavedWeight,
+  kInputFp8,
+  kInputScale,
+  kWeightFp8,
+  kWeightScale,
+  kSavedCount
+};
+
 // What the forward keeps of an operand for the backward: with a fused cast, the second layout
 // (the one the backward's GEMM wants), so that the backward copies nothing and the float8 bytes
-// kept stay one per element.
-void save_operand(torch::autograd::AutogradContext* ctx, const std::string& key,
-                  const Float8Operand& operand) {
+// kept stay one per element. The dtype the GEMM produces is not a tensor and stays in saved_data.
+void save_operand(torch::autograd::AutogradContext* ctx, std::vector<at::Tensor>& saved,
+                  SavedSlot data_slot, const std::string& key, const Float8Operand& operand) {
   const Float8Operand& op = operand.alternate.defined() ? operand.in_alternate_layout() : operand;
-  ctx->saved_data[key + "_data"] = op.data;
-  ctx->saved_data[key + "_scale"] = op.scale;
+  saved[data_slot] = op.data;
+  saved[data_slot + 1] = op.scale;
   ctx->saved_data[key + "_dtype"] = static_cast<int64_t>(op.orig_dtype);
 }
 
-Float8Operand load_operand(torch::autograd::AutogradContext* ctx, const std::string& key) {
-  return Float8Operand{ctx->saved_data[key + "_data"].toTensor(),
-                       ctx->saved_data[key + "_scale"].toTensor(),
+Float8Operand load_operand(torch::autograd::AutogradContext* ctx,
+                           const std::vector<at::Tensor>& saved, SavedSlot data_slot,
+                           const std::string& key) {
+  return Float8Operand{saved[data_slot],
+                       saved[data_slot + 1],
                        static_cast<c10::ScalarType>(ctx->saved_data[key + "_dtype"].toInt()),
                        std::nullopt,
                        {}};
@@ -89,6 +107,7 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
     const auto weight_t = weight.t();
     const auto out_dtype = gemm_dtype(input.scalar_type(), input.device().type());
 
+    std::vector<at::Tensor> saved(kSavedCount);
     at::Tensor output;
     if (r.input.enabled) {
       // A cast the backward reuses is written in both layouts: this GEMM's and the backward's.
@@ -103,8 +122,8 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
                                             : cast(*layer, kWeight, r.weight, weight_t, 0,
                                                    save_weight ? Layouts::kBoth : Layouts::kSame);
       output = scaled_mm(input_fp8, weight_fp8, out_dtype, r.output_fast_accum);
-      if (save_input) save_operand(ctx, "input", input_fp8);
-      if (save_weight) save_operand(ctx, "weight", weight_fp8);
+      if (save_input) save_operand(ctx, saved, kInputFp8, "input", input_fp8);
+      if (save_weight) save_operand(ctx, saved, kWeightFp8, "weight", weight_fp8);
     } else {
       output = at::mm(input.reshape({-1, input.size(-1)}), weight_t);
     }
@@ -119,8 +138,9 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
     const bool keep_weight = layer->needs_grad_input &&
                              (!r.weight_for_grad_input.enabled ||
                               !reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input));
-    ctx->save_for_backward(
-        {keep_input ? input : at::Tensor(), keep_weight ? weight : at::Tensor()});
+    if (keep_input) saved[kSavedInput] = input;
+    if (keep_weight) saved[kSavedWeight] = weight;
+    ctx->save_for_backward(saved);
     ctx->saved_data["layer"] = c10::IValue::make_capsule(
         c10::static_intrusive_pointer_cast<torch::CustomClassHolder>(layer));
     return output.reshape(sizes);
@@ -132,8 +152,8 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
         c10::static_intrusive_pointer_cast<LayerContext>(ctx->saved_data["layer"].toCapsule());
     const auto& r = layer->recipe;
     const auto saved = ctx->get_saved_variables();
-    const auto& input = saved[0];
-    const auto& weight = saved[1];
+    const auto& input = saved[kSavedInput];
+    const auto& weight = saved[kSavedWeight];
     const auto& grad_output = grads[0];
     const auto grad_2d = grad_output.reshape({-1, grad_output.size(-1)});
     const auto device = grad_output.device().type();
@@ -160,7 +180,7 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
       if (r.grad_output.enabled) {
         const auto& kept = layer->weight_casts;
         auto weight_fp8 = reuse_forward_cast(r, kWeight, r.weight, r.weight_for_grad_input)
-                              ? load_operand(ctx, "weight")
+                              ? load_operand(ctx, saved, kWeightFp8, "weight")
                           : kept && kept->for_grad_input
                               ? *kept->for_grad_input
                               : recast(r, weight.t(), r.weight_for_grad_input, -1, Layouts::kOther);
@@ -184,7 +204,7 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
                 ? grad_output_fp8().t()
                 : recast(r, grad_2d, r.grad_output_for_grad_weight, 0, Layouts::kOther).t();
         auto input_fp8 = reuse_forward_cast(r, kInput, r.input, r.input_for_grad_weight)
-                             ? load_operand(ctx, "input")
+                             ? load_operand(ctx, saved, kInputFp8, "input")
                              : recast(r, input_2d, r.input_for_grad_weight, 0, Layouts::kOther);
         grad_weight = scaled_mm(grad_fp8_t, input_fp8, gemm_dtype(grad_2d.scalar_type(), device),
                                 r.grad_weight_fast_accum);

@@ -100,13 +100,13 @@ void Float8LinearImpl::register_delayed_buffers() {
 
 namespace {
 
-// Runs `change` (a Module::to) and gives the float32 buffers back their float32 values on the
-// device the change left them on.
+// Runs `change` (a Module::to) and gives the buffers the module keeps float32 back their float32
+// values on the device the change left them on.
 template <typename Change>
 void keeping_float32_buffers(torch::nn::Module& module, Change change) {
   std::vector<std::pair<at::Tensor, at::Tensor>> kept;
   for (auto& buffer : module.named_buffers(/*recurse=*/false)) {
-    if (buffer.value().scalar_type() == at::kFloat)
+    if (amp::detail::keeps_float32_buffer(module, buffer.key()))
       kept.emplace_back(buffer.value(), buffer.value().clone());
   }
   change();
@@ -127,6 +127,23 @@ void Float8LinearImpl::to(torch::Dtype dtype, bool non_blocking) {
 void Float8LinearImpl::to(torch::Device device, bool non_blocking) {
   Module::to(device, non_blocking);
 }
+
+namespace {
+// The delayed recipe's buffers: "amax_history_<role>" and "scale_<role>".
+bool is_delayed_buffer(const std::string& name) {
+  for (const char* role : kRoles) {
+    if (name == std::string("amax_history_") + role || name == std::string("scale_") + role)
+      return true;
+  }
+  return false;
+}
+}  // namespace
+
+bool Float8LinearImpl::keeps_float32(const std::string& name) const {
+  return is_delayed_buffer(name);
+}
+
+bool Float8LinearImpl::rank_local(const std::string& name) const { return is_delayed_buffer(name); }
 
 void Float8LinearImpl::pretty_print(std::ostream& stream) const {
   stream << "amp::fp8::Float8Linear(in_features=" << options.in_features()
@@ -163,17 +180,6 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input_) {
                      "the number of input rows (the product of all dims but the last)");
     }
   }
-  if (input.numel() == 0) {
-    // No rows (an MoE expert without tokens, an empty last micro-batch): nothing to cast, and an
-    // amax of no elements is undefined. The empty product in the dtype the float8 GEMM would
-    // give keeps the graph (zero parameter gradients, as Linear's) and leaves delayed histories
-    // as they are.
-    const auto out_dtype = gemm_dtype(dtype, input.device().type());  // before autocast is off
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    auto output = at::matmul(input.to(out_dtype), weight.to(out_dtype).t());
-    if (bias.defined()) output = output + bias.to(out_dtype);
-    return output;
-  }
   auto layer = c10::make_intrusive<LayerContext>();
   layer->recipe = options.recipe();
   layer->needs_grad_weight = needs_grad_weight;
@@ -185,13 +191,16 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input_) {
       layer->delayed[role].scale = buffers[std::string("scale_") + kRoles[role]];
     }
   }
+  const bool empty = input.numel() == 0;
   const auto weight_casts = current_weight_casts();
   if (weight_casts == WeightCasts::fresh) {
     kept_weight_casts_.reset();  // the memory of earlier micro-batches' casts goes back
   } else if (layer->recipe.weight.enabled) {
     if (weight_casts == WeightCasts::keep) {
+      // Also for an input without rows (an MoE expert that gets no tokens in the step's first
+      // micro-batch): the step's later `reuse` micro-batches must find this step's casts.
       kept_weight_casts_ = detail::cast_weight(*layer, weight);
-    } else {
+    } else if (!empty) {
       TORCH_CHECK(kept_weight_casts_, "amp::fp8::Float8Linear ", describe(*this),
                   ": WeightCasts::reuse found no kept weight casts; run the first micro-batch "
                   "after each optimizer step with WeightCasts::keep.");
@@ -202,6 +211,17 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input_) {
                   "run the first forward after each change with WeightCasts::keep.");
     }
     layer->weight_casts = kept_weight_casts_;
+  }
+  if (empty) {
+    // No rows (an MoE expert without tokens, an empty last micro-batch): nothing to cast, and an
+    // amax of no elements is undefined. The empty product in the dtype the float8 GEMM would
+    // give keeps the graph (zero parameter gradients, as Linear's) and leaves the input and
+    // grad_output histories as they are.
+    const auto out_dtype = gemm_dtype(dtype, input.device().type());  // before autocast is off
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    auto output = at::matmul(input.to(out_dtype), weight.to(out_dtype).t());
+    if (bias.defined()) output = output + bias.to(out_dtype);
+    return output;
   }
   auto output = detail::float8_linear_function(input, weight, layer);
   if (bias.defined()) output = output + bias.to(output.scalar_type());

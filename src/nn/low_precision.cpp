@@ -2,7 +2,7 @@
 // the subtrees the keep predicate selects.
 #include <amp/low_precision.h>
 
-#include <amp/fp8.h>
+#include <amp/detail/buffer_roles.h>
 
 #include <array>
 #include <string_view>
@@ -27,10 +27,9 @@ void cast_tree(torch::nn::Module& module, const std::string& name, c10::ScalarTy
   if (keep && keep(name, module)) return;
   for (auto& param : module.named_parameters(/*recurse=*/false))
     cast_in_place(param.value(), dtype);
-  // A float8 layer's delayed-scaling state (amax histories, scales) stays float32.
-  if (!module.as<fp8::Float8LinearImpl>()) {
-    for (auto& buffer : module.named_buffers(/*recurse=*/false))
-      cast_in_place(buffer.value(), dtype);
+  // Buffers a module declares float32 (a float8 layer's amax histories and scales) stay so.
+  for (auto& buffer : module.named_buffers(/*recurse=*/false)) {
+    if (!detail::keeps_float32_buffer(module, buffer.key())) cast_in_place(buffer.value(), dtype);
   }
   for (const auto& child : module.named_children()) {
     cast_tree(*child.value(), name.empty() ? child.key() : name + "." + child.key(), dtype, keep);

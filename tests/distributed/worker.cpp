@@ -23,6 +23,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/optim/sgd.h>
+#include <torch/serialize.h>
 
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -285,13 +286,15 @@ void fp8_delayed(const dist::TorchrunEnv& env, const std::string& mode) {
 }
 
 // Two delayed-scaling Float8Linear layers inside DistributedDataParallel (one bucket per
-// parameter), their amaxes all-reduced in batches: the batch's collective runs at the end of each
-// backward, beside the reducer's. Prints the buffers, the parameters and the reductions issued.
-void fp8_delayed_ddp(const dist::TorchrunEnv& env) {
+// parameter). "sync": their amaxes all-reduced in batches, the batch's collective at the end of
+// each backward, beside the reducer's. "local": no reduction, so each rank's histories are its
+// own (DDP's buffer broadcast must leave them alone). Prints the buffers, the parameters, each
+// step's local input amax and the reductions issued.
+void fp8_delayed_ddp(const dist::TorchrunEnv& env, const std::string& mode) {
   auto group = dist::init_gloo_from_torchrun(group_options());
-  const auto recipe = amp::fp8::Recipe::delayed(amp::fp8::DelayedScalingOptions()
-                                                    .amax_history_len(4)
-                                                    .amax_reduction(dist::amax_all_reduce(group)));
+  auto options = amp::fp8::DelayedScalingOptions().amax_history_len(4);
+  if (mode == "sync") options.amax_reduction(dist::amax_all_reduce(group));
+  const auto recipe = amp::fp8::Recipe::delayed(options);
   at::manual_seed(12);
   auto model = std::make_shared<torch::nn::SequentialImpl>(
       amp::fp8::Float8Linear(amp::fp8::Float8LinearOptions(32, 32).recipe(recipe)),
@@ -304,12 +307,99 @@ void fp8_delayed_ddp(const dist::TorchrunEnv& env) {
     opt.zero_grad();
     at::manual_seed(400 + 10 * step + env.rank);
     const auto x = at::randn({8, 32}) * (env.rank + 1);
+    print("step" + std::to_string(step) + ".input_amax", hex(x.abs().max()));
     ddp.forward([&] { return model->forward(x); }).square().mean().backward();
     opt.step();
   }
   for (const auto& buffer : model->named_buffers()) print(buffer.key(), hex(buffer.value()));
   for (const auto& p : model->named_parameters()) print(p.key(), hex(p.value()));
   print("amax_reductions", std::to_string(amp::fp8::detail::batched_amax_reductions_issued()));
+}
+
+// Data-parallel training resumed from a checkpoint: a two-layer model with FusedAdamW and a
+// synced GradScaler (an inf on rank 1 at step 2) trains six steps in one go, and again three
+// steps, after which rank 0 saves model, optimizer and scaler to `dir`, every rank loads rank 0's
+// files into fresh objects, wraps the model in DDP again and trains the last three. Prints both
+// runs' parameters, scale and optimizer state. `find_unused`: DDP's find_unused_parameters, whose
+// buckets keep their first layout (without it the first iteration after construction reduces
+// one bucket and later ones the rebuilt buckets).
+void ddp_resume(const dist::TorchrunEnv& env, const std::string& dir, bool find_unused) {
+  auto group = dist::init_gloo_from_torchrun(group_options());
+  struct Run {
+    std::shared_ptr<torch::nn::SequentialImpl> model;
+    std::unique_ptr<amp::optim::FusedAdamW> optimizer;
+    std::unique_ptr<amp::GradScaler> scaler;
+    std::unique_ptr<dist::DistributedDataParallel> ddp;
+  };
+  const auto fresh = [&] {
+    Run run;
+    at::manual_seed(70 + env.rank);  // each rank its own initial weights: DDP broadcasts rank 0's
+    run.model = std::make_shared<torch::nn::SequentialImpl>(
+        torch::nn::Linear(8, 16),
+        torch::nn::Functional([](const at::Tensor& t) { return at::gelu(t); }),
+        torch::nn::Linear(16, 4));
+    run.optimizer = std::make_unique<amp::optim::FusedAdamW>(run.model->parameters(),
+                                                             amp::optim::FusedAdamWOptions(1e-2));
+    run.scaler = std::make_unique<amp::GradScaler>(
+        c10::DeviceType::CPU, amp::GradScalerOptions().init_scale(256.0).growth_interval(2).found_inf_sync(
+                                  dist::found_inf_sync(group)));
+    return run;
+  };
+  const auto wrap = [&](Run& run) {
+    run.ddp = std::make_unique<dist::DistributedDataParallel>(
+        run.model, group, dist::DistributedDataParallelOptions().find_unused_parameters(find_unused));
+  };
+  const auto train = [&](Run& run, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      run.optimizer->zero_grad();
+      at::manual_seed(800 + 10 * step + env.rank);
+      const at::Tensor x = at::randn({4, 8});
+      at::Tensor loss;
+      {
+        amp::AutocastGuard autocast(c10::DeviceType::CPU, at::kBFloat16);
+        loss = run.ddp->forward([&] { return run.model->forward(x); }).to(at::kFloat).square().mean();
+      }
+      run.scaler->scale(loss).backward();
+      if (step == 2 && env.rank == 1) run.model->parameters()[0].mutable_grad()[0][0].fill_(INFINITY);
+      run.scaler->step(*run.optimizer);
+      run.scaler->update();
+    }
+  };
+  const auto report = [&](const std::string& name, Run& run) {
+    std::string params;
+    for (const auto& p : run.model->parameters()) params += hex(p) + ";";
+    print(name + ".params", params);
+    print(name + ".scale", hex(run.scaler->scale_tensor()));
+    std::string state;
+    for (const auto& p : run.model->parameters()) {
+      const auto& s = static_cast<const amp::optim::FusedAdamParamState&>(
+          *run.optimizer->state().at(p.unsafeGetTensorImpl()));
+      state += hex(s.exp_avg()) + ";" + hex(s.exp_avg_sq()) + ";" + hex(s.step()) + ";";
+    }
+    print(name + ".state", state);
+  };
+
+  Run whole = fresh();
+  wrap(whole);
+  train(whole, 0, 6);
+  report("whole", whole);
+
+  Run first = fresh();
+  wrap(first);
+  train(first, 0, 3);
+  if (env.rank == 0) {
+    torch::save(first.model, dir + "/model.pt");
+    torch::save(*first.optimizer, dir + "/optimizer.pt");
+    first.scaler->save_state_dict(dir + "/scaler.pt");
+  }
+  group->barrier()->wait();
+  Run resumed = fresh();
+  torch::load(resumed.model, dir + "/model.pt");
+  torch::load(*resumed.optimizer, dir + "/optimizer.pt");
+  resumed.scaler->load_state_dict(dir + "/scaler.pt");
+  wrap(resumed);
+  train(resumed, 3, 6);
+  report("resumed", resumed);
 }
 
 // The last rank's scaler has another growth_interval.
@@ -621,8 +711,10 @@ int main(int argc, char** argv) {
       low_precision(env, args[1]);
     } else if (scenario == "fp8_delayed" && args.size() == 2) {
       fp8_delayed(env, args[1]);
-    } else if (scenario == "fp8_delayed_ddp") {
-      fp8_delayed_ddp(env);
+    } else if (scenario == "fp8_delayed_ddp" && args.size() == 2) {
+      fp8_delayed_ddp(env, args[1]);
+    } else if (scenario == "ddp_resume" && args.size() == 3) {
+      ddp_resume(env, args[1], args[2] == "find_unused");
     } else if (scenario == "overlap") {
       overlap(env);
     } else if (scenario == "fault" && args.size() == 2) {
@@ -632,7 +724,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: amp_distributed_worker "
-                   "skip|ddp_grads|overflow|options_differ|dies|stalls|ddp_parity|low_precision|fp8_delayed|fp8_delayed_ddp|overlap|fault|join "
+                   "skip|ddp_grads|overflow|options_differ|dies|stalls|ddp_parity|low_precision|fp8_delayed|fp8_delayed_ddp|ddp_resume|overlap|fault|join "
                    "...\n");
       return 64;
     }

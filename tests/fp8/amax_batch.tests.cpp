@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <amp/fp8.h>
@@ -182,4 +183,38 @@ TEST_CASE("Batched amax reductions are grouped by their ranks", "[fp8]") {
   }
   CHECK(first_calls.batch_sizes == std::vector<int64_t>{6});
   CHECK(second_calls.batch_sizes == std::vector<int64_t>{3});
+}
+
+TEST_CASE("A second thread casting while the first's batched amaxes wait is refused",
+          "[fp8][threads]") {
+  // The waiting amaxes are per process: one thread's flush would reduce the other's, and across
+  // ranks the collectives could go out of order. Refused before the cast changes anything.
+  Calls calls;
+  auto model = two_layers(batched_options(calls, &calls));
+  {
+    Float8AutocastGuard float8;
+    model->forward(batch(0, 0));  // an evaluation forward: its amaxes wait
+  }
+  const auto history = model->named_buffers()["0.amax_history_input"].clone();
+  std::string error;
+  std::thread other([&] {
+    try {
+      Float8AutocastGuard float8;
+      model->forward(batch(0, 1));
+    } catch (const c10::Error& e) {
+      error = e.what_without_backtrace();
+    }
+  });
+  other.join();
+  CHECK_THAT(error, Catch::Contains("two threads cast with a batched amax reduction") &&
+                        Catch::Contains("one thread per process"));
+  CHECK(same_bytes(model->named_buffers()["0.amax_history_input"], history));
+  // Once the first thread's amaxes are applied, another thread may train.
+  amp::fp8::flush_delayed_scaling();
+  std::thread after([&] {
+    Float8AutocastGuard float8;
+    model->forward(batch(0, 2));
+    amp::fp8::flush_delayed_scaling();
+  });
+  after.join();
 }
