@@ -49,6 +49,16 @@ class AMP_EXPORT SupportsAmpScaling {
     found_inf_ = at::Tensor();
   }
 
+  /// Whether this optimizer updates `param` (whose gradient is float16) through a float32 master
+  /// copy and takes its gradient in float32 (Apex O2's master gradients). GradScaler::unscale_
+  /// and unscale_and_clip_, which refuse to unscale float16 gradients in place as Python does
+  /// (small ones would flush to zero), then copy the gradient into float32_gradient(param) and
+  /// unscale it there. amp's fused optimizers do so for master_weights(true); the default says no.
+  virtual bool keeps_float32_gradient(const at::Tensor& param) const { return false; }
+  /// For a parameter keeps_float32_gradient accepts: a float32 tensor shaped like it, which the
+  /// next step() reads as its gradient (the caller fills it).
+  virtual at::Tensor float32_gradient(const at::Tensor& param) { return at::Tensor(); }
+
  private:
   at::Tensor grad_scale_;
   at::Tensor found_inf_;

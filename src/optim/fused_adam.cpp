@@ -33,23 +33,18 @@ void check_adam(const AdamOptions& options, const std::string& where) {
               ": betas[1] must be in [0, 1). Got betas[1]=", beta2, "; the default is 0.999.");
 }
 
-template <typename T>
-T pick(const T& group, const T& constructor_default, const T& optimizer_default) {
-  return group == constructor_default ? optimizer_default : group;
-}
-
+// Python's rule: each option the group set, the others from the optimizer's defaults.
 template <typename AdamOptions>
 AdamOptions merge_adam(const AdamOptions& group, const AdamOptions& defaults) {
-  const AdamOptions fresh;
-  AdamOptions merged = group;
-  merged.lr(pick(group.lr(), fresh.lr(), defaults.lr()))
-      .betas(pick(group.betas(), fresh.betas(), defaults.betas()))
-      .eps(pick(group.eps(), fresh.eps(), defaults.eps()))
-      .weight_decay(pick(group.weight_decay(), fresh.weight_decay(), defaults.weight_decay()))
-      .amsgrad(pick(group.amsgrad(), fresh.amsgrad(), defaults.amsgrad()))
-      .maximize(pick(group.maximize(), fresh.maximize(), defaults.maximize()))
-      .capturable(pick(group.capturable(), fresh.capturable(), defaults.capturable()));
-  detail::merge_low_precision(merged, group, fresh, defaults);
+  AdamOptions merged = defaults;
+  AMP_TAKE_IF_SET(merged, group, lr);
+  AMP_TAKE_IF_SET(merged, group, betas);
+  AMP_TAKE_IF_SET(merged, group, eps);
+  AMP_TAKE_IF_SET(merged, group, weight_decay);
+  AMP_TAKE_IF_SET(merged, group, amsgrad);
+  AMP_TAKE_IF_SET(merged, group, maximize);
+  AMP_TAKE_IF_SET(merged, group, capturable);
+  detail::merge_low_precision(merged, group);
   return merged;
 }
 
@@ -231,8 +226,8 @@ std::unique_ptr<FusedAdamParamState> adam_loaded_state(const at::Tensor& param,
 
 // ---- options and state ----
 
-FusedAdamOptions::FusedAdamOptions(double lr) : lr_(lr) {}
-FusedAdamWOptions::FusedAdamWOptions(double lr) : lr_(lr) {}
+FusedAdamOptions::FusedAdamOptions(double lr) { this->lr(lr); }
+FusedAdamWOptions::FusedAdamWOptions(double lr) { this->lr(lr); }
 
 void FusedAdamOptions::serialize(OutputArchive& archive) const {
   write_adam_options(*this, archive);

@@ -15,7 +15,7 @@ using torch::serialize::OutputArchive;
 
 // ---- options and state ----
 
-FusedLionOptions::FusedLionOptions(double lr) : lr_(lr) {}
+FusedLionOptions::FusedLionOptions(double lr) { this->lr(lr); }
 
 void FusedLionOptions::serialize(OutputArchive& archive) const {
   archive.write("lr", c10::IValue(lr()));
@@ -116,16 +116,13 @@ void FusedLion::check_options(const FusedLionOptions& options, const std::string
 
 FusedLionOptions FusedLion::merge_options(const FusedLionOptions& group,
                                           const FusedLionOptions& defaults) const {
-  const FusedLionOptions fresh;
-  const auto pick = [](const auto& value, const auto& fresh_value, const auto& default_value) {
-    return value == fresh_value ? default_value : value;
-  };
-  FusedLionOptions merged = group;
-  merged.lr(pick(group.lr(), fresh.lr(), defaults.lr()))
-      .betas(pick(group.betas(), fresh.betas(), defaults.betas()))
-      .weight_decay(pick(group.weight_decay(), fresh.weight_decay(), defaults.weight_decay()))
-      .maximize(pick(group.maximize(), fresh.maximize(), defaults.maximize()));
-  detail::merge_low_precision(merged, group, fresh, defaults);
+  // Python's rule: each option the group set, the others from the optimizer's defaults.
+  FusedLionOptions merged = defaults;
+  AMP_TAKE_IF_SET(merged, group, lr);
+  AMP_TAKE_IF_SET(merged, group, betas);
+  AMP_TAKE_IF_SET(merged, group, weight_decay);
+  AMP_TAKE_IF_SET(merged, group, maximize);
+  detail::merge_low_precision(merged, group);
   return merged;
 }
 

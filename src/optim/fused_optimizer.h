@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -87,6 +88,10 @@ void FusedOptimizer<Options, ParamState>::add_param_groups(
     check_params(group, g, name_, options.capturable());
     check_low_precision_params(options, group.params(), group_where(name_, g));
   }
+  std::vector<torch::optim::OptimizerParamGroup> all;
+  for (const auto& group : param_groups_) all.emplace_back(group);
+  for (const auto& group : groups) all.emplace_back(group);
+  check_some_low_precision<Options>(all, name_);
   adopt_groups(*this, std::move(groups));
   adopted_groups_ = param_groups_.size();
 }
@@ -129,6 +134,23 @@ at::Tensor FusedOptimizer<Options, ParamState>::step(LossClosure closure) {
   }
   at::NoGradGuard no_grad;
   StepScaling scaling(*this);
+  // A float32 master gradient whose float16 gradient has since been replaced or changed is
+  // stale: the step reads the float16 gradient instead.
+  if (!float32_gradient_sources_.empty()) {
+    for (const auto& group : param_groups_) {
+      for (const auto& param : group.params()) {
+        if (!float32_gradient_sources_.count(param.unsafeGetTensorImpl()) ||
+            has_current_float32_gradient(param)) {
+          continue;
+        }
+        const auto found = state_.find(param.unsafeGetTensorImpl());
+        if (found == state_.end()) continue;
+        const at::Tensor& master = static_cast<const ParamState&>(*found->second).master_weight();
+        if (master.defined()) master.mutable_grad() = at::Tensor();
+      }
+    }
+  }
+  float32_gradient_sources_.clear();
   // Every group's options are checked before the first group steps: a refusal changes nothing.
   for (size_t g = 0; g < param_groups_.size(); ++g) checked_options(g);
   for (size_t g = 0; g < param_groups_.size(); ++g) {
@@ -136,8 +158,86 @@ at::Tensor FusedOptimizer<Options, ParamState>::step(LossClosure closure) {
     const GroupWork work = collect_group(param_groups_[g], g, name_, options.capturable());
     if (work.empty()) continue;
     step_group(g, options, work, scaling.grad_scale(work.device), scaling.found_inf(work.device));
+    // Every stepped parameter's version counter moves, whichever kernel wrote it (ATen's fused
+    // kernels do not move it, amp's engine writes through pointers): a graph that saved the
+    // parameter, or a float8 weight cast kept for WeightCasts::reuse, sees that it changed.
+    for (const auto& [dtype, params] : work.params_by_dtype) {
+      for (const auto& param : params) param.unsafeGetTensorImpl()->bump_version();
+    }
   }
   return loss;
+}
+
+template <typename Options, typename ParamState>
+bool FusedOptimizer<Options, ParamState>::keeps_float32_gradient(const at::Tensor& param) const {
+  if (param.scalar_type() != at::kHalf) return false;
+  for (size_t g = 0; g < param_groups_.size() && g < adopted_groups_; ++g) {
+    for (const auto& p : param_groups_[g].params()) {
+      if (!p.is_same(param)) continue;
+      const auto plan =
+          low_precision_plan(static_cast<const Options&>(param_groups_[g].options()), at::kHalf);
+      // The float32 update runs the rule on the master copy as a float32 parameter, whose state
+      // is float32.
+      return plan && plan->write_back == WriteBack::kMasterWeights &&
+             plan->state_dtype == at::kFloat;
+    }
+  }
+  return false;
+}
+
+template <typename Options, typename ParamState>
+at::Tensor FusedOptimizer<Options, ParamState>::float32_gradient(const at::Tensor& param) {
+  TORCH_CHECK(keeps_float32_gradient(param), name_,
+              "::float32_gradient: this parameter has no float32 master copy; only float16 "
+              "parameters of groups with master_weights(true) have one.");
+  auto& entry = state_[param.unsafeGetTensorImpl()];
+  if (!entry) entry = std::make_unique<ParamState>();
+  auto& state = static_cast<ParamState&>(*entry);
+  if (!state.master_weight().defined()) {
+    // What the first step would create (fit_write_back_state).
+    state.master_weight(
+        param.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous());
+  }
+  at::Tensor master = state.master_weight();
+  master.mutable_grad() = at::empty_like(master);
+  const at::Tensor& grad = param.grad();
+  float32_gradient_sources_.insert_or_assign(
+      param.unsafeGetTensorImpl(),
+      std::make_pair(c10::weak_intrusive_ptr<c10::TensorImpl>(grad.getIntrusivePtr()),
+                     grad._version()));
+  return master.grad();
+}
+
+template <typename Options, typename ParamState>
+bool FusedOptimizer<Options, ParamState>::has_current_float32_gradient(
+    const at::Tensor& param) const {
+  const auto source = float32_gradient_sources_.find(param.unsafeGetTensorImpl());
+  if (source == float32_gradient_sources_.end()) return false;
+  const at::Tensor& grad = param.grad();
+  return grad.defined() &&
+         source->second.first._unsafe_get_target() == grad.unsafeGetTensorImpl() &&
+         source->second.second == grad._version();
+}
+
+template <typename Options, typename ParamState>
+std::vector<at::Tensor> FusedOptimizer<Options, ParamState>::master_params() {
+  std::vector<at::Tensor> tensors;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& group : param_groups_) {
+    for (const auto& param : group.params()) {
+      if (!param.grad().defined() || !seen.insert(param.unsafeGetTensorImpl()).second) continue;
+      const auto found = state_.find(param.unsafeGetTensorImpl());
+      if (found != state_.end() && has_current_float32_gradient(param)) {
+        const at::Tensor& master = static_cast<const ParamState&>(*found->second).master_weight();
+        if (master.defined() && master.grad().defined()) {
+          tensors.push_back(master);
+          continue;
+        }
+      }
+      tensors.push_back(param);
+    }
+  }
+  return tensors;
 }
 
 template <typename Options, typename ParamState>

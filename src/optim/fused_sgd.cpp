@@ -15,7 +15,7 @@ using torch::serialize::OutputArchive;
 
 // ---- options and state ----
 
-FusedSGDOptions::FusedSGDOptions(double lr) : lr_(lr) {}
+FusedSGDOptions::FusedSGDOptions(double lr) { this->lr(lr); }
 
 void FusedSGDOptions::serialize(OutputArchive& archive) const {
   archive.write("lr", c10::IValue(lr()));
@@ -102,19 +102,16 @@ void FusedSGD::check_options(const FusedSGDOptions& options, const std::string& 
 
 FusedSGDOptions FusedSGD::merge_options(const FusedSGDOptions& group,
                                         const FusedSGDOptions& defaults) const {
-  // lr has no constructor default in SGDOptions: a group always states its own.
-  const FusedSGDOptions fresh(group.lr());
-  const auto pick = [](const auto& value, const auto& fresh_value, const auto& default_value) {
-    return value == fresh_value ? default_value : value;
-  };
-  FusedSGDOptions merged = group;
-  merged.momentum(pick(group.momentum(), fresh.momentum(), defaults.momentum()))
-      .dampening(pick(group.dampening(), fresh.dampening(), defaults.dampening()))
-      .weight_decay(pick(group.weight_decay(), fresh.weight_decay(), defaults.weight_decay()))
-      .nesterov(pick(group.nesterov(), fresh.nesterov(), defaults.nesterov()))
-      .maximize(pick(group.maximize(), fresh.maximize(), defaults.maximize()))
-      .capturable(pick(group.capturable(), fresh.capturable(), defaults.capturable()));
-  detail::merge_low_precision(merged, group, fresh, defaults);
+  // Python's rule: each option the group set, the others from the optimizer's defaults.
+  FusedSGDOptions merged = defaults;
+  AMP_TAKE_IF_SET(merged, group, lr);
+  AMP_TAKE_IF_SET(merged, group, momentum);
+  AMP_TAKE_IF_SET(merged, group, dampening);
+  AMP_TAKE_IF_SET(merged, group, weight_decay);
+  AMP_TAKE_IF_SET(merged, group, nesterov);
+  AMP_TAKE_IF_SET(merged, group, maximize);
+  AMP_TAKE_IF_SET(merged, group, capturable);
+  detail::merge_low_precision(merged, group);
   return merged;
 }
 

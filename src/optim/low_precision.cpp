@@ -32,7 +32,13 @@ at::Tensor loaded_state_tensor(const at::Tensor& saved, const at::Tensor& param,
               " has ", key, " of ", saved.scalar_type(), " ", saved.sizes(),
               " but the parameter is ", param.scalar_type(), " ", param.sizes(),
               "; the checkpoint belongs to another model. The optimizer is unchanged.");
-  return saved.to(param.device(), dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  // In the parameter's layout (channels-last stays channels-last): ATen's fused CPU kernels walk
+  // a parameter and its state by one linear index, so their strides must agree, as they do for
+  // the state a first step creates (zeros_like the parameter).
+  at::Tensor state =
+      at::empty_like(param, param.options().dtype(dtype), at::MemoryFormat::Preserve);
+  state.copy_(saved);
+  return state;
 }
 
 at::Tensor state_tensor(const at::Tensor& current, const at::Tensor& param, c10::ScalarType dtype) {
@@ -73,9 +79,44 @@ StepSlot engine_slot(const at::Tensor& param, uint64_t position, at::Tensor& ste
   slot.grad = param.grad();
   slot.master = master;
   slot.comp = comp;
+  // GradScaler unscaled the float16 gradient into the master copy's float32 gradient.
+  if (master.defined() && master.grad().defined()) slot.float32_grad = master.grad();
   slot.step = step;
   slot.stream = position;
   return slot;
+}
+
+}  // namespace amp::optim::detail
+
+namespace amp::optim::detail {
+
+void run_step(size_t rule, const std::vector<StepSlot>& slots, const void* hyper,
+              const StepArgs& args) {
+  std::vector<StepSlot> direct, through_master;
+  for (const StepSlot& slot : slots) {
+    (slot.float32_grad.defined() ? through_master : direct).push_back(slot);
+  }
+  if (!direct.empty()) rule_step[direct[0].param.device().type()](rule, direct, hyper, args);
+  if (!through_master.empty()) {
+    std::vector<StepSlot> float32 = through_master;
+    for (StepSlot& slot : float32) {
+      slot.param = slot.master;
+      slot.grad = slot.float32_grad;
+      slot.master = at::Tensor();
+      slot.comp = at::Tensor();
+    }
+    StepArgs float32_args = args;
+    float32_args.write_back = WriteBack::kRoundNearest;
+    rule_step[float32[0].param.device().type()](rule, float32, hyper, float32_args);
+    for (const StepSlot& slot : through_master) {
+      const at::Tensor rounded = slot.master.to(slot.param.scalar_type());
+      // A skipped step leaves the parameter as it is, as the write-back would.
+      slot.param.copy_(args.found_inf.defined()
+                           ? at::where(args.found_inf.ne(0), slot.param, rounded)
+                           : rounded);
+      slot.master.mutable_grad() = at::Tensor();
+    }
+  }
 }
 
 }  // namespace amp::optim::detail

@@ -81,47 +81,73 @@ void check_low_precision_options(const Options& o, const std::string& where) {
               "ATen's capturable ones; drop one of the two.");
 }
 
-/// The group's parameters against the options: a low-precision option needs at least one
-/// bfloat16/float16 parameter to act on, and stochastic rounding bfloat16 ones.
+/// The group's parameters against the options: stochastic rounding rounds to bfloat16 only and
+/// numbers at most 2^32 elements of a parameter. float32 parameters are updated as without the
+/// options (docs/GUIDE.md says what each option does to them), so a group of float32
+/// normalisation weights may carry them (check_some_low_precision is the optimizer-wide check).
 template <typename Options>
 void check_low_precision_params(const Options& o, const std::vector<at::Tensor>& params,
                                 const std::string& where) {
-  if (!wants_low_precision(o)) return;
-  bool any_low = false;
+  if (!o.stochastic_rounding()) return;
   for (size_t i = 0; i < params.size(); ++i) {
-    const c10::ScalarType dtype = params[i].scalar_type();
-    any_low = any_low || is_low_precision(dtype);
-    TORCH_CHECK(!o.stochastic_rounding() || dtype != c10::kHalf, where, ": parameter ", i,
+    TORCH_CHECK(params[i].scalar_type() != c10::kHalf, where, ": parameter ", i,
                 " is Half, but stochastic_rounding rounds to bfloat16 only (float16 has too few "
                 "exponent bits for the dither to stay unbiased near its range limits); use "
                 "kahan_summation or master_weights for float16 parameters.");
-    TORCH_CHECK(!o.stochastic_rounding() || params[i].numel() < (int64_t{1} << 32), where,
-                ": parameter ", i, " has ", params[i].numel(),
-                " elements, but stochastic rounding numbers elements with 32 bits; split it.");
+    TORCH_CHECK(params[i].numel() < (int64_t{1} << 32), where, ": parameter ", i, " has ",
+                params[i].numel(),
+                " elements, but stochastic rounding numbers elements with 32 "
+                "bits; split it.");
   }
-  TORCH_CHECK(params.empty() || any_low, where,
-              ": master_weights, kahan_summation, stochastic_rounding and state_dtype act on "
-              "bfloat16/float16 parameters, and this group has none (its parameters are ",
-              params[0].scalar_type(),
-              "); cast the model first (amp::to_low_precision) or drop these options.");
 }
 
-/// The low-precision fields of `merged`: each left at its constructor default takes `defaults`.
+/// A low-precision option set on an optimizer none of whose parameters is bfloat16/float16 acts
+/// on nothing: most likely the model was not cast. Throws a sentence starting with `name`.
 template <typename Options>
-void merge_low_precision(Options& merged, const Options& group, const Options& fresh,
-                         const Options& defaults) {
-  const auto pick = [](const auto& value, const auto& fresh_value, const auto& default_value) {
-    return value == fresh_value ? default_value : value;
-  };
-  merged
-      .master_weights(
-          pick(group.master_weights(), fresh.master_weights(), defaults.master_weights()))
-      .kahan_summation(
-          pick(group.kahan_summation(), fresh.kahan_summation(), defaults.kahan_summation()))
-      .stochastic_rounding(pick(group.stochastic_rounding(), fresh.stochastic_rounding(),
-                                defaults.stochastic_rounding()))
-      .state_dtype(pick(group.state_dtype(), fresh.state_dtype(), defaults.state_dtype()))
-      .rounding_seed(pick(group.rounding_seed(), fresh.rounding_seed(), defaults.rounding_seed()));
+void check_some_low_precision(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                              const char* name) {
+  bool asked = false, any_low = false;
+  c10::ScalarType seen = c10::kFloat;
+  for (const auto& group : groups) {
+    asked = asked || wants_low_precision(static_cast<const Options&>(group.options()));
+    for (const auto& p : group.params()) {
+      any_low = any_low || is_low_precision(p.scalar_type());
+      seen = p.scalar_type();
+    }
+  }
+  TORCH_CHECK(!asked || any_low, name,
+              ": master_weights, kahan_summation, stochastic_rounding and state_dtype act on "
+              "bfloat16/float16 parameters, and none of the optimizer's parameters is one (they "
+              "are ",
+              seen, "); cast the model first (amp::to_low_precision) or drop these options.");
+}
+
+/// `merged.field` becomes `group.field` where the group set it (ExplicitOptions::is_set); the
+/// merges of every options type are written with it.
+#define AMP_TAKE_IF_SET(merged, group, field) \
+  if ((group).is_set(#field)) (merged).field((group).field())
+
+/// The low-precision fields of `merged` (a copy of the optimizer's defaults) from `group`, by
+/// Python's rule (what the group set), with the three write-backs as one choice: a group that
+/// turns one of them on replaces the defaults' write-back, so that master_weights(true) in a group
+/// under kahan_summation(true) defaults asks for master weights, not for both.
+template <typename Options>
+void merge_low_precision(Options& merged, const Options& group) {
+  const bool chooses_write_back =
+      (group.is_set("master_weights") && group.master_weights()) ||
+      (group.is_set("kahan_summation") && group.kahan_summation()) ||
+      (group.is_set("stochastic_rounding") && group.stochastic_rounding());
+  if (chooses_write_back) {
+    merged.master_weights(group.is_set("master_weights") && group.master_weights())
+        .kahan_summation(group.is_set("kahan_summation") && group.kahan_summation())
+        .stochastic_rounding(group.is_set("stochastic_rounding") && group.stochastic_rounding());
+  } else {
+    AMP_TAKE_IF_SET(merged, group, master_weights);
+    AMP_TAKE_IF_SET(merged, group, kahan_summation);
+    AMP_TAKE_IF_SET(merged, group, stochastic_rounding);
+  }
+  AMP_TAKE_IF_SET(merged, group, state_dtype);
+  AMP_TAKE_IF_SET(merged, group, rounding_seed);
 }
 
 template <typename Options>
@@ -208,7 +234,7 @@ void check_low_precision_param(const at::Tensor& param, uint64_t position,
                                const std::string& where);
 
 /// `saved` (a loaded state tensor) checked against `param` and copied to its device, as `dtype`,
-/// contiguous; undefined stays undefined. `key` names it in the error.
+/// in the parameter's layout (strides); undefined stays undefined. `key` names it in the error.
 at::Tensor loaded_state_tensor(const at::Tensor& saved, const at::Tensor& param,
                                c10::ScalarType dtype, const char* key, const std::string& where);
 

@@ -25,6 +25,10 @@ namespace amp::optim::detail {
 /// rounding bits read it after the increment.
 struct StepSlot {
   at::Tensor param, grad, master, comp, state0, state1, state2, step;
+  /// master_weights with a float16 gradient that GradScaler unscaled into float32 (the master
+  /// copy's grad()): the rule then updates `master` as a float32 parameter with this gradient, and
+  /// `param` takes the rounded result.
+  at::Tensor float32_grad;
   /// The parameter's position in its optimizer: which stream of rounding bits it draws.
   uint64_t stream = 0;
   /// The rule's state is new this step (SGD's momentum copies the gradient).
@@ -53,12 +57,20 @@ using RuleStepFn = void (*)(size_t rule, const std::vector<StepSlot>& slots, con
 /// (cuda/rule_step_cuda.cpp registers it).
 extern kernels::DeviceDispatch<RuleStepFn> rule_step;
 
-/// Runs `Rule` over `slots` (one device, one parameter dtype) on their device.
+/// Runs rule `rule` (rule_id<Rule>()) over `slots` (one device, one parameter dtype) on their
+/// device. Slots with a float32_grad step
+/// their master copy as a float32 parameter (the arithmetic of the master-weights write-back,
+/// which reads the gradient in float32 too) and copy it, rounded, to the parameter unless the
+/// step is skipped; the float32 gradient is then let go. (low_precision.cpp)
+void run_step(size_t rule, const std::vector<StepSlot>& slots, const void* hyper,
+              const StepArgs& args);
+
+/// Runs `Rule` over `slots` (see run_step).
 template <typename Rule>
 void run_rule_step(const std::vector<StepSlot>& slots, const typename Rule::Hyper& hyper,
                    const StepArgs& args) {
   if (slots.empty()) return;
-  rule_step[slots[0].param.device().type()](rule_id<Rule>(), slots, &hyper, args);
+  run_step(rule_id<Rule>(), slots, &hyper, args);
 }
 
 /// Whether `dtype` is a parameter dtype the engine updates (float32, bfloat16, float16).

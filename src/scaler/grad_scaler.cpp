@@ -47,8 +47,8 @@ void check_new_scale(double new_scale, const GradScalerOptions& options) {
   detail::check_scale_value(new_scale, "GradScaler::update: new_scale", "new_scale",
                             "pass a positive scale such as 65536.0.");
   detail::check_scale_in_bounds(new_scale, options.min_scale(), options.max_scale(),
-                                "GradScaler::update: new_scale", "new_scale",
-                                "pass a scale within the scaler's bounds.");
+                                detail::ScaleHeld::kRounded, "GradScaler::update: new_scale",
+                                "new_scale", "pass a scale within the scaler's bounds.");
 }
 
 // Whether any parameter of `optimizer` has a gradient.
@@ -117,8 +117,8 @@ GradScaler::GradScaler(c10::DeviceType device, GradScalerOptions options)
   detail::check_extension_options(options_.hysteresis(), options_.min_scale(),
                                   options_.max_scale());
   detail::check_scale_in_bounds(options_.init_scale(), options_.min_scale(), options_.max_scale(),
-                                "The initial scale", "init_scale",
-                                "choose an init_scale inside the bounds.");
+                                detail::ScaleHeld::kExactThenRounded, "The initial scale",
+                                "init_scale", "choose an init_scale inside the bounds.");
 }
 
 bool GradScaler::uses_extensions() const {
@@ -195,30 +195,48 @@ std::vector<std::pair<c10::Device, std::vector<at::Tensor>>> GradScaler::gradien
   // names twice, and a gradient unscaled twice would be divided by scale^2 (and counted twice
   // in a clipping norm).
   std::unordered_set<const c10::TensorImpl*> seen;
+  auto* scaling = dynamic_cast<optim::SupportsAmpScaling*>(&optimizer);
+  // First every check, then the float32 master gradients: a refusal leaves the optimizer as it
+  // was.
+  std::vector<std::pair<at::Tensor, bool /*into float32*/>> params;
   for (auto& group : optimizer.param_groups()) {
     for (auto& param : group.params()) {
       if (!param.grad().defined() || !seen.insert(param.unsafeGetTensorImpl()).second) continue;
-      if (!allow_fp16 && param.grad().scalar_type() == at::kHalf) {
-        TORCH_CHECK_VALUE(false, "Attempting to unscale FP16 gradients.");
+      const bool half = param.grad().scalar_type() == at::kHalf;
+      if (!allow_fp16 && half) {
+        // An optimizer with float32 master copies takes the gradient unscaled into float32.
+        TORCH_CHECK_VALUE(scaling != nullptr && param.grad().layout() == c10::kStrided &&
+                              scaling->keeps_float32_gradient(param),
+                          "Attempting to unscale FP16 gradients. (Python's sentence; amp unscales "
+                          "float16 gradients into float32 master gradients, for an optimizer that "
+                          "keeps float32 master weights: amp::optim's master_weights(true).)");
+        params.emplace_back(param, true);
+        continue;
       }
-      at::Tensor grad;
       if (param.grad().is_sparse()) {
         TORCH_CHECK(dense_only_caller == nullptr, "GradScaler::", dense_only_caller,
                     " does not support sparse gradients; use unscale_(optimizer) followed by "
                     "torch::nn::utils::clip_grad_norm_ for a model with sparse gradients.");
         // Duplicate indices of scaled fp16 values may overflow only once summed, so the check
         // has to see the coalesced values.
-        if (param.grad().scalar_type() == at::kHalf) param.mutable_grad() = param.grad().coalesce();
-        grad = param.grad()._values();
-      } else {
-        grad = param.grad();
+        if (half) param.mutable_grad() = param.grad().coalesce();
       }
-      const c10::Device device = grad.device();
-      auto entry = std::find_if(groups.begin(), groups.end(),
-                                [&](const auto& candidate) { return candidate.first == device; });
-      if (entry == groups.end()) entry = groups.insert(groups.end(), {device, {}});
-      entry->second.push_back(std::move(grad));
+      params.emplace_back(param, false);
     }
+  }
+  for (auto& [param, into_float32] : params) {
+    at::Tensor grad;
+    if (into_float32) {
+      grad = scaling->float32_gradient(param);
+      grad.copy_(param.grad());  // exact: every float16 value is a float32 value
+    } else {
+      grad = param.grad().is_sparse() ? param.grad()._values() : param.grad();
+    }
+    const c10::Device device = grad.device();
+    auto entry = std::find_if(groups.begin(), groups.end(),
+                              [&](const auto& candidate) { return candidate.first == device; });
+    if (entry == groups.end()) entry = groups.insert(groups.end(), {device, {}});
+    entry->second.push_back(std::move(grad));
   }
   return groups;
 }

@@ -187,5 +187,5 @@ TEST_CASE("FusedLion refuses bad options and parameters with a sentence", "[opti
                                                "float32, bfloat16 and float16 parameters, and "
                                                "this group has Double ones"));
   CHECK_THROWS_WITH(FusedLion({w}, FusedLionOptions().kahan_summation(true)),
-                    Contains("this group has none (its parameters are Float)"));
+                    Contains("none of the optimizer's parameters is one (they are Float)"));
 }

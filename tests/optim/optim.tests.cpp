@@ -528,13 +528,20 @@ TEST_CASE("add_param_group keeps the group's own options and checks its paramete
       opt.add_param_group(torch::optim::OptimizerParamGroup(
           {make_params(25)[0]}, std::make_unique<torch::optim::AdamWOptions>(0.1))),
       Contains("the options of param group 3 are not FusedAdamWOptions"));
+  // A float32 group under a low-precision option is accepted (the option acts on bf16/fp16
+  // parameters only); an optimizer with no bf16/fp16 parameter at all is refused.
+  CHECK_NOTHROW(sgd.add_param_group(torch::optim::OptimizerParamGroup(
+      {make_params(26)[0]},
+      std::make_unique<FusedSGDOptions>(FusedSGDOptions(0.1).kahan_summation(true)))));
+  FusedSGD float32_only({make_params(27)[0]}, FusedSGDOptions(0.1));
   CHECK_THROWS_WITH(
-      sgd.add_param_group(torch::optim::OptimizerParamGroup(
-          {make_params(26)[0]},
+      float32_only.add_param_group(torch::optim::OptimizerParamGroup(
+          {make_params(28)[0]},
           std::make_unique<FusedSGDOptions>(FusedSGDOptions(0.1).kahan_summation(true)))),
-      Contains("this group has none (its parameters are Float)"));
+      Contains("none of the optimizer's parameters is one (they are Float)"));
   CHECK(opt.param_groups().size() == 3);
-  CHECK(sgd.param_groups().size() == 2);
+  CHECK(sgd.param_groups().size() == 3);
+  CHECK(float32_only.param_groups().size() == 1);
 }
 
 TEST_CASE("A group added through LibTorch's base class is refused at the next step", "[optim]") {

@@ -25,25 +25,28 @@ namespace amp::optim {
 struct AMP_EXPORT FusedAdamOptions
     : public torch::optim::OptimizerCloneableOptions<FusedAdamOptions>,
       public LowPrecisionOptions<FusedAdamOptions> {
-  /// Defaults everywhere, with the given learning rate.
-  FusedAdamOptions(double lr = 1e-3);  // NOLINT: implicit, as LibTorch's AdamOptions
+  /// Defaults everywhere; as a param group's options, no field is set (each takes the
+  /// optimizer's default).
+  FusedAdamOptions() = default;
+  /// Defaults everywhere, with the given learning rate (set: a group keeps it).
+  FusedAdamOptions(double lr);  // NOLINT: implicit, as LibTorch's AdamOptions
   /// Learning rate; finite and >= 0.
-  TORCH_ARG(double, lr) = 1e-3;
+  AMP_OPTION_ARG(double, lr) = 1e-3;
   /// The type of betas: (beta1, beta2).
   typedef std::tuple<double, double> betas_t;
   /// Decay rates of the first and second moment estimates; each in [0, 1).
-  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  AMP_OPTION_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
   /// Added to the denominator; finite and >= 0.
-  TORCH_ARG(double, eps) = 1e-8;
+  AMP_OPTION_ARG(double, eps) = 1e-8;
   /// L2 penalty added to the gradient (Adam) or decoupled decay of the parameters (AdamW); >= 0.
-  TORCH_ARG(double, weight_decay) = 0;
+  AMP_OPTION_ARG(double, weight_decay) = 0;
   /// Use the maximum of past second moments (AMSGrad).
-  TORCH_ARG(bool, amsgrad) = false;
+  AMP_OPTION_ARG(bool, amsgrad) = false;
   /// Maximise the objective instead of minimising it.
-  TORCH_ARG(bool, maximize) = false;
+  AMP_OPTION_ARG(bool, maximize) = false;
   /// Keep the learning rate in a device tensor too (step counts always are), so that a step can
   /// be captured in a CUDA graph and later lr changes reach the replays. CUDA parameters only.
-  TORCH_ARG(bool, capturable) = false;
+  AMP_OPTION_ARG(bool, capturable) = false;
 
  public:
   /// Reads the options from a checkpoint, under LibTorch's key names.
@@ -63,24 +66,27 @@ struct AMP_EXPORT FusedAdamOptions
 struct AMP_EXPORT FusedAdamWOptions
     : public torch::optim::OptimizerCloneableOptions<FusedAdamWOptions>,
       public LowPrecisionOptions<FusedAdamWOptions> {
-  /// Defaults everywhere, with the given learning rate.
-  FusedAdamWOptions(double lr = 1e-3);  // NOLINT: implicit, as LibTorch's AdamWOptions
+  /// Defaults everywhere; as a param group's options, no field is set (each takes the
+  /// optimizer's default).
+  FusedAdamWOptions() = default;
+  /// Defaults everywhere, with the given learning rate (set: a group keeps it).
+  FusedAdamWOptions(double lr);  // NOLINT: implicit, as LibTorch's AdamWOptions
   /// Learning rate; finite and >= 0.
-  TORCH_ARG(double, lr) = 1e-3;
+  AMP_OPTION_ARG(double, lr) = 1e-3;
   /// The type of betas: (beta1, beta2).
   typedef std::tuple<double, double> betas_t;
   /// Decay rates of the first and second moment estimates; each in [0, 1).
-  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  AMP_OPTION_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
   /// Added to the denominator; finite and >= 0.
-  TORCH_ARG(double, eps) = 1e-8;
+  AMP_OPTION_ARG(double, eps) = 1e-8;
   /// Decoupled weight decay: parameters are multiplied by 1 - lr * weight_decay; >= 0.
-  TORCH_ARG(double, weight_decay) = 1e-2;
+  AMP_OPTION_ARG(double, weight_decay) = 1e-2;
   /// Use the maximum of past second moments (AMSGrad).
-  TORCH_ARG(bool, amsgrad) = false;
+  AMP_OPTION_ARG(bool, amsgrad) = false;
   /// Maximise the objective instead of minimising it.
-  TORCH_ARG(bool, maximize) = false;
+  AMP_OPTION_ARG(bool, maximize) = false;
   /// See FusedAdamOptions::capturable.
-  TORCH_ARG(bool, capturable) = false;
+  AMP_OPTION_ARG(bool, capturable) = false;
 
  public:
   /// Reads the options from a checkpoint, under LibTorch's key names.
@@ -135,10 +141,11 @@ extern template class FusedOptimizer<FusedAdamWOptions, FusedAdamParamState>;
 /// drop-in for torch::optim::Adam, and with GradScaler, which hands it the scale and the inf/NaN
 /// flag so that a step never reads the flag on the host (see SupportsAmpScaling).
 ///
-/// Param groups and per-group options (a group's options fields left at their constructor
-/// default take the optimizer's defaults, as in LibTorch), zero_grad, and save/load through
-/// torch::serialize archives in LibTorch's Adam layout: a checkpoint of torch::optim::Adam or
-/// torch::optim::AdamW loads into FusedAdam and FusedAdamW, and theirs into LibTorch's.
+/// Param groups and per-group options (a group keeps every option it sets, even one equal to the
+/// type's default, and takes the others from the optimizer's defaults, as in Python), zero_grad,
+/// and save/load through torch::serialize archives in LibTorch's Adam layout: a checkpoint of
+/// torch::optim::Adam or torch::optim::AdamW loads into FusedAdam and FusedAdamW, and theirs into
+/// LibTorch's.
 ///
 /// Errors (c10::Error, a sentence naming the group, parameter, value and fix): options out of
 /// range, a non-floating parameter, parameters of one group on different devices, a device other
@@ -146,7 +153,7 @@ extern template class FusedOptimizer<FusedAdamWOptions, FusedAdamParamState>;
 /// or state shapes do not match leaves the optimizer unchanged.
 class AMP_EXPORT FusedAdam : public detail::FusedOptimizer<FusedAdamOptions, FusedAdamParamState> {
  public:
-  /// Param groups whose options, where set, override `defaults` field by field.
+  /// Param groups whose options override `defaults` in each field the group set.
   explicit FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                      FusedAdamOptions defaults = {});
   /// One param group holding `params`.
@@ -155,7 +162,7 @@ class AMP_EXPORT FusedAdam : public detail::FusedOptimizer<FusedAdamOptions, Fus
  protected:
   /// The options' range checks (the base calls them at construction, each step and load).
   void check_options(const FusedAdamOptions& options, const std::string& where) const override;
-  /// LibTorch's rule for a group's options: fields left at their default take `defaults`.
+  /// A group's options: each field the group set, the rest from `defaults` (Python's rule).
   FusedAdamOptions merge_options(const FusedAdamOptions& group,
                                  const FusedAdamOptions& defaults) const override;
   /// One group's update: ATen's fused kernel, or amp's step engine for low-precision parameters.
@@ -174,7 +181,7 @@ class AMP_EXPORT FusedAdam : public detail::FusedOptimizer<FusedAdamOptions, Fus
 class AMP_EXPORT FusedAdamW
     : public detail::FusedOptimizer<FusedAdamWOptions, FusedAdamParamState> {
  public:
-  /// Param groups whose options, where set, override `defaults` field by field.
+  /// Param groups whose options override `defaults` in each field the group set.
   explicit FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                       FusedAdamWOptions defaults = {});
   /// One param group holding `params`.
@@ -183,7 +190,7 @@ class AMP_EXPORT FusedAdamW
  protected:
   /// The options' range checks (the base calls them at construction, each step and load).
   void check_options(const FusedAdamWOptions& options, const std::string& where) const override;
-  /// LibTorch's rule for a group's options: fields left at their default take `defaults`.
+  /// A group's options: each field the group set, the rest from `defaults` (Python's rule).
   FusedAdamWOptions merge_options(const FusedAdamWOptions& group,
                                   const FusedAdamWOptions& defaults) const override;
   /// One group's update: ATen's fused kernel, or amp's step engine for low-precision parameters.

@@ -24,20 +24,23 @@ namespace amp::optim {
 struct AMP_EXPORT FusedLionOptions
     : public torch::optim::OptimizerCloneableOptions<FusedLionOptions>,
       public LowPrecisionOptions<FusedLionOptions> {
-  /// Defaults everywhere, with the given learning rate.
-  FusedLionOptions(double lr = 1e-4);  // NOLINT: implicit, as LibTorch's options
+  /// Defaults everywhere; as a param group's options, no field is set (each takes the
+  /// optimizer's default).
+  FusedLionOptions() = default;
+  /// Defaults everywhere, with the given learning rate (set: a group keeps it).
+  FusedLionOptions(double lr);  // NOLINT: implicit, as LibTorch's options
   /// Learning rate; finite and >= 0. Lion's steps are lr in size (the sign of a momentum):
   /// typically 3-10x smaller than AdamW's.
-  TORCH_ARG(double, lr) = 1e-4;
+  AMP_OPTION_ARG(double, lr) = 1e-4;
   /// The type of betas: (beta1, beta2).
   typedef std::tuple<double, double> betas_t;
   /// beta1 interpolates the momentum and the gradient for the update's sign; beta2 is the
   /// momentum's decay. Each in [0, 1].
-  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.99);
+  AMP_OPTION_ARG(betas_t, betas) = std::make_tuple(0.9, 0.99);
   /// Decoupled weight decay: parameters are multiplied by 1 - lr * weight_decay; >= 0.
-  TORCH_ARG(double, weight_decay) = 0;
+  AMP_OPTION_ARG(double, weight_decay) = 0;
   /// Maximise the objective instead of minimising it.
-  TORCH_ARG(bool, maximize) = false;
+  AMP_OPTION_ARG(bool, maximize) = false;
 
  public:
   /// Reads the options from a checkpoint.
@@ -106,7 +109,7 @@ extern template class FusedOptimizer<FusedLionOptions, FusedLionParamState>;
 /// does not fit leaves the optimizer unchanged.
 class AMP_EXPORT FusedLion : public detail::FusedOptimizer<FusedLionOptions, FusedLionParamState> {
  public:
-  /// Param groups whose options, where set, override `defaults` field by field.
+  /// Param groups whose options override `defaults` in each field the group set.
   explicit FusedLion(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                      FusedLionOptions defaults = {});
   /// One param group holding `params`.
@@ -115,7 +118,7 @@ class AMP_EXPORT FusedLion : public detail::FusedOptimizer<FusedLionOptions, Fus
  protected:
   /// The options' range checks (the base calls them at construction, each step and load).
   void check_options(const FusedLionOptions& options, const std::string& where) const override;
-  /// A group's options with every field left at its constructor default taken from `defaults`.
+  /// A group's options: each field the group set, the rest from `defaults` (Python's rule).
   FusedLionOptions merge_options(const FusedLionOptions& group,
                                  const FusedLionOptions& defaults) const override;
   /// One group's update on the step engine.

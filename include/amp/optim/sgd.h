@@ -27,19 +27,19 @@ struct AMP_EXPORT FusedSGDOptions : public torch::optim::OptimizerCloneableOptio
   /// Defaults everywhere, with the given learning rate (SGD has no default lr).
   FusedSGDOptions(double lr);  // NOLINT: implicit, as LibTorch's SGDOptions
   /// Learning rate; finite and >= 0.
-  TORCH_ARG(double, lr);
+  AMP_OPTION_ARG(double, lr);
   /// Momentum factor; finite and >= 0 (0: no momentum buffer).
-  TORCH_ARG(double, momentum) = 0;
+  AMP_OPTION_ARG(double, momentum) = 0;
   /// Dampening of the momentum; finite.
-  TORCH_ARG(double, dampening) = 0;
+  AMP_OPTION_ARG(double, dampening) = 0;
   /// L2 penalty added to the gradient; finite and >= 0.
-  TORCH_ARG(double, weight_decay) = 0;
+  AMP_OPTION_ARG(double, weight_decay) = 0;
   /// Nesterov momentum (needs momentum > 0 and dampening 0).
-  TORCH_ARG(bool, nesterov) = false;
+  AMP_OPTION_ARG(bool, nesterov) = false;
   /// Maximise the objective instead of minimising it.
-  TORCH_ARG(bool, maximize) = false;
+  AMP_OPTION_ARG(bool, maximize) = false;
   /// See amp::optim::FusedAdamOptions::capturable.
-  TORCH_ARG(bool, capturable) = false;
+  AMP_OPTION_ARG(bool, capturable) = false;
 
  public:
   /// Reads the options from a checkpoint, under LibTorch's key names.
@@ -92,7 +92,7 @@ extern template class FusedOptimizer<FusedSGDOptions, FusedSGDParamState>;
 /// from (1 - d) * grad.
 class AMP_EXPORT FusedSGD : public detail::FusedOptimizer<FusedSGDOptions, FusedSGDParamState> {
  public:
-  /// Param groups whose options, where set, override `defaults` field by field.
+  /// Param groups whose options override `defaults` in each field the group set.
   explicit FusedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                     FusedSGDOptions defaults);
   /// One param group holding `params`.
@@ -101,7 +101,7 @@ class AMP_EXPORT FusedSGD : public detail::FusedOptimizer<FusedSGDOptions, Fused
  protected:
   /// The options' range checks (the base calls them at construction, each step and load).
   void check_options(const FusedSGDOptions& options, const std::string& where) const override;
-  /// LibTorch's rule for a group's options: fields left at their default take `defaults`.
+  /// A group's options: each field the group set, the rest from `defaults` (Python's rule).
   FusedSGDOptions merge_options(const FusedSGDOptions& group,
                                 const FusedSGDOptions& defaults) const override;
   /// One group's update: ATen's fused kernel, or amp's step engine for low-precision parameters.
