@@ -196,6 +196,7 @@ void GradScaler::load_state_dict(const c10::Dict<std::string, c10::IValue>& stat
   // Bounds are checked against the loaded scale so a bounded scaler never starts outside them.
   detail::check_extension_options(options.hysteresis(), options.min_scale(), options.max_scale());
   detail::check_scale_in_bounds(scale, options.min_scale(), options.max_scale(),
+                                detail::ScaleHeld::kExactThenRounded,
                                 "GradScaler::load_state_dict: 'scale'", "scale",
                                 "the checkpoint was saved with other bounds or is damaged.");
   int64_t remaining = options.hysteresis();

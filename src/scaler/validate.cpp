@@ -2,7 +2,9 @@
 // and loading.
 #include "scaler/validate.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <limits>
 
 #include <c10/util/Exception.h>
@@ -88,14 +90,21 @@ void check_extension_options(int64_t hysteresis, double min_scale, double max_sc
               " and max_scale=", max_scale, "; swap or widen them.");
 }
 
-void check_scale_in_bounds(double scale, double min_scale, double max_scale, const char* what,
-                           const char* name, const char* fix) {
-  // Compared as float32, as the scale is kept and as the update clamps it: with a bound float32
-  // cannot hold (min_scale=0.7), the scale at the floor is float32(0.7) < 0.7, which must load.
+void check_scale_in_bounds(double scale, double min_scale, double max_scale, ScaleHeld held,
+                           const char* what, const char* name, const char* fix) {
+  // The float32 rounding always lies inside the bounds as the update enforces them, in float32:
+  // with a bound float32 cannot hold (min_scale=0.7), the scale at the floor is float32(0.7) <
+  // 0.7, which must load. An initial or loaded scale is also held as it is until the first
+  // scale(): that value too, or 0.9999999999999999, which rounds to 1, would pass min_scale=1.
   const auto stored = static_cast<float>(scale);
-  TORCH_CHECK(stored >= static_cast<float>(min_scale) && stored <= static_cast<float>(max_scale),
-              what, " must lie in [min_scale, ", "max_scale]. Got ", name, "=", scale,
-              " with min_scale=", min_scale, " and max_scale=", max_scale, "; ", fix);
+  const auto low32 = static_cast<float>(min_scale), high32 = static_cast<float>(max_scale);
+  const double low = std::min(min_scale, static_cast<double>(low32));
+  const double high = std::max(max_scale, static_cast<double>(high32));
+  const auto exact = [](double value) { return c10::str(std::setprecision(17), value); };
+  const bool exact_inside = held == ScaleHeld::kRounded || (scale >= low && scale <= high);
+  TORCH_CHECK(stored >= low32 && stored <= high32 && exact_inside, what,
+              " must lie in [min_scale, max_scale]. Got ", name, "=", exact(scale),
+              " with min_scale=", exact(min_scale), " and max_scale=", exact(max_scale), "; ", fix);
 }
 
 }  // namespace amp::detail

@@ -24,8 +24,14 @@ void check_growth_interval(int64_t growth_interval);
 void check_cuda_kernels_built(bool built_with_cuda);
 /// Checks the extension options (hysteresis, min_scale, max_scale) and their order.
 void check_extension_options(int64_t hysteresis, double min_scale, double max_scale);
-/// Checks that `scale` lies within [min_scale, max_scale].
-void check_scale_in_bounds(double scale, double min_scale, double max_scale, const char* what,
-                           const char* name, const char* fix);
+/// What the scaler keeps of a scale it checks: its float32 rounding only (a new_scale filled into
+/// the scale tensor), or the value itself until the first scale() and its rounding after (an
+/// initial or loaded scale, which get_scale() returns unrounded before the first scale(), as
+/// Python's _init_scale).
+enum class ScaleHeld { kRounded, kExactThenRounded };
+/// Checks that the scale the scaler will hold lies within [min_scale, max_scale], the bounds as
+/// the update enforces them in float32.
+void check_scale_in_bounds(double scale, double min_scale, double max_scale, ScaleHeld held,
+                           const char* what, const char* name, const char* fix);
 
 }  // namespace amp::detail

@@ -76,9 +76,12 @@ def number(text):
     return int(text)
 
 
-def in_bounds(scale, lo, hi):
-    """amp's bounds check: on float32 values, as the scale is kept and clamped."""
-    return f32(lo) <= f32(scale) <= f32(hi)
+def in_bounds(scale, lo, hi, exact=False):
+    """amp's bounds check: on float32 values, as the scale is kept and clamped; with `exact` (an
+    initial or loaded scale, held unrounded until the first scale()) the value itself too, against
+    each bound or its float32 rounding, whichever is wider."""
+    inside32 = f32(lo) <= f32(scale) <= f32(hi)
+    return inside32 and (not exact or min(lo, f32(lo)) <= scale <= max(hi, f32(hi)))
 
 
 def storable_scale(x):
@@ -439,7 +442,7 @@ def invalid_state(d, run):
     lo, hi = float(d.get("_amp_min_scale", ext["min_scale"])), float(d.get("_amp_max_scale", ext["max_scale"]))
     if not (1 <= hyst <= INT32_MAX and math.isfinite(lo) and lo >= 0 and hi > 0 and lo <= hi):
         return "extension options"
-    if not in_bounds(float(d["scale"]), lo, hi):
+    if not in_bounds(float(d["scale"]), lo, hi, exact=True):
         return "scale outside [min_scale, max_scale]"
     if not 0 <= d.get("_amp_hysteresis_remaining", hyst) <= hyst:
         return "hysteresis allowance"

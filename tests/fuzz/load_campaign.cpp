@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -103,6 +104,17 @@ std::string snapshot(const amp::GradScaler& scaler) {
   return out.str();
 }
 
+// Whether the scale (the loaded value before the first scale(), get_scale() returns it) is
+// within [min_scale, max_scale], each bound also as its float32 rounding (the floor the update
+// clamps to in float32 may lie just below a bound float32 cannot hold).
+bool scale_in_bounds(const amp::GradScaler& scaler) {
+  const auto& o = scaler.options();
+  const double scale = scaler.get_scale();
+  const double low = std::min(o.min_scale(), static_cast<double>(static_cast<float>(o.min_scale())));
+  const double high = std::max(o.max_scale(), static_cast<double>(static_cast<float>(o.max_scale())));
+  return scale >= low && scale <= high;
+}
+
 // The four scalers every file is loaded into: fresh, mid-training, with extensions after
 // training, with extensions fresh. Made once; each child gets its own copy through fork.
 std::vector<amp::GradScaler> make_scalers() {
@@ -149,7 +161,13 @@ int load_into_scalers(const fs::path& path, const std::string& kind, bool raw,
       other_exception = other_exception || !raw;
       continue;
     }
-    // Accepted: the scaler must save its state and train without non-finite parameters.
+    // Accepted: the scale the scaler holds lies inside its own bounds (as the update enforces
+    // them, in float32), and the scaler must save its state and train without non-finite
+    // parameters.
+    if (!scale_in_bounds(scaler)) {
+      if (verbose) std::printf("accepted out of bounds: %s\n", snapshot(scaler).c_str());
+      return kInvalidAccepted;
+    }
     try {
       scaler.save_state_dict((path.string() + ".resaved"));
       train(scaler, 4);
@@ -301,14 +319,17 @@ std::string mutate(const std::string& base, std::mt19937_64& rng, std::string& l
   switch (choice) {
     case 4: {
       label = "pickle: special float";
-      const double values[] = {1e39, 1e-50, 1e-320, std::nan(""), INFINITY, -INFINITY,
-                               -1.0, 0.0,   3.4e38, 1.2e-38,      2.0,      0.5};
+      // The last two sit just below the extended scalers' min_scale (1) and just above their
+      // max_scale (65536): within float32's rounding of a bound, outside the bound.
+      const double values[] = {1e39, 1e-50, 1e-320,  std::nan(""), INFINITY,
+                               -INFINITY, -1.0, 0.0, 3.4e38, 1.2e-38,
+                               2.0, 0.5, 0.9999999999999999, 65536.00000000001};
       std::vector<std::size_t> floats;
       for (std::size_t k = 0; k + 9 <= body_end; ++k) {
         if (content[k] == 'G') floats.push_back(k);
       }
       if (floats.empty()) return bytes;
-      content.replace(floats[pick(floats.size())] + 1, 8, be_double(values[pick(12)]));
+      content.replace(floats[pick(floats.size())] + 1, 8, be_double(values[pick(std::size(values))]));
       break;
     }
     case 5: {

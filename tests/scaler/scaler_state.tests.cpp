@@ -622,3 +622,40 @@ TEST_CASE("set_growth_interval below the tracker warns, and growth then waits fo
   CHECK(scaler.get_scale() == 128.0);
   CHECK(scaler.get_growth_tracker() == 0);
 }
+
+TEST_CASE("A loaded scale below min_scale by less than float32's rounding is refused",
+          "[scaler][state]") {
+  // 0.9999999999999999 rounds to float32 1.0, but the scaler holds the loaded value itself until
+  // its first scale() (get_scale() returns it, as Python's _init_scale): that value is checked.
+  const auto bounded = GradScalerOptions().min_scale(1.0).max_scale(16777216.0).hysteresis(3);
+  auto dict = python_style_dict();
+  dict.insert_or_assign("scale", 0.9999999999999999);
+  for (const bool trained : {false, true}) {
+    CAPTURE(trained);
+    auto scaler = trained ? trained_scaler(GradScalerOptions(bounded).init_scale(1024.0))
+                          : cpu_scaler(bounded);
+    const std::string before = observable_state(scaler);
+    CHECK_THROWS_WITH(scaler.load_state_dict(dict),
+                      Contains("'scale' must lie in [min_scale, max_scale]. Got "
+                               "scale=0.99999999999999989 with min_scale=1"));
+    CHECK(observable_state(scaler) == before);
+  }
+  // Just above max_scale: refused too.
+  dict.insert_or_assign("scale", 16777216.000000002);
+  auto scaler = cpu_scaler(bounded);
+  CHECK_THROWS_WITH(scaler.load_state_dict(dict), Contains("max_scale=16777216"));
+  // The same values as an initial scale.
+  CHECK_THROWS_WITH(cpu_scaler(GradScalerOptions(bounded).init_scale(0.9999999999999999)),
+                    Contains("The initial scale must lie in [min_scale, max_scale]"));
+  // A scaler without bounds takes it, and holds exactly it until its first scale(), as Python.
+  auto unbounded = cpu_scaler();
+  dict.insert_or_assign("scale", 0.9999999999999999);
+  unbounded.load_state_dict(dict);
+  CHECK(unbounded.get_scale() == 0.9999999999999999);
+  unbounded.scale(torch::ones({}));
+  CHECK(unbounded.get_scale() == 1.0);
+  // A bound float32 cannot hold: the scale at the float32 floor (float32(0.7) < 0.7) loads.
+  auto floor = cpu_scaler(GradScalerOptions().min_scale(0.7).init_scale(1.0));
+  dict.insert_or_assign("scale", static_cast<double>(0.7f));
+  CHECK_NOTHROW(floor.load_state_dict(dict));
+}
