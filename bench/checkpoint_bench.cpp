@@ -24,7 +24,7 @@
 #include <amp/checkpoint.h>
 
 #include "bench_stats.h"
-#include "counting_allocator.h"
+#include "support/counting_allocator.h"
 
 namespace {
 
@@ -43,7 +43,7 @@ const std::vector<Mode> kModes = {
 };
 constexpr int64_t kSegments = 4;
 
-amp_bench::CountingAllocator* counting = nullptr;
+amp_test::CountingAllocator* counting = nullptr;
 
 int64_t device_index(const torch::Device& device) {
   return device.index() < 0 ? 0 : device.index();
@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "amp_checkpoint_bench: no CUDA device\n");
     return 2;
   }
-  counting = &amp_bench::CountingAllocator::install();
+  counting = &amp_test::CountingAllocator::install();
 
   const torch::Device device(cuda ? torch::kCUDA : torch::kCPU);
   // Rows well above the width, as in training with large batches: the activations, which

@@ -30,7 +30,7 @@
 #include <amp/fp8.h>
 
 #include "bench_stats.h"
-#include "counting_allocator.h"
+#include "support/counting_allocator.h"
 #include "fp8/fused_cast.h"
 #include "fp8/scaling.h"
 
@@ -38,7 +38,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-amp_bench::CountingAllocator* counting = nullptr;
+amp_test::CountingAllocator* counting = nullptr;
 
 int64_t live_bytes(const torch::Device& device) {
 #ifdef AMP_BENCH_CUDA
@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "amp_fp8_bench: no CUDA device\n");
     return 2;
   }
-  counting = &amp_bench::CountingAllocator::install();
+  counting = &amp_test::CountingAllocator::install();
   const torch::Device device(cuda ? torch::kCUDA : torch::kCPU);
   std::printf(
       "amp_fp8_bench on %s, %d threads, %d rounds%s\n", cuda ? "CUDA" : "the CPU",

@@ -1,5 +1,5 @@
-// A CPU allocator for amp's benchmarks that counts the bytes tensors hold: live now and the peak
-// since the last reset, so a benchmark can report what a graph keeps and what a backward needs.
+// A CPU allocator for amp's tests and benchmarks that counts the bytes tensors hold, live now and
+// the peak since the last reset: what a graph keeps and what a backward needs.
 #pragma once
 
 #include <algorithm>
@@ -12,7 +12,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
-namespace amp_bench {
+namespace amp_test {
 
 // The default CPU allocator with a count of the bytes it has handed out and not yet taken back.
 // The context stays the data pointer (raw_allocate asserts it), so sizes live in a map.
@@ -33,7 +33,7 @@ class CountingAllocator final : public c10::Allocator {
     void* data = inner.get();
     const auto device = inner.device();
     TORCH_CHECK(inner.get_context() == data && base_->raw_deleter() != nullptr,
-                "amp_bench::CountingAllocator: the default CPU allocator is not the plain one this "
+                "amp_test::CountingAllocator: the default CPU allocator is not the plain one this "
                 "counter wraps");
     inner.release_context();
     std::lock_guard<std::mutex> lock(mutex_);
@@ -84,4 +84,4 @@ class CountingAllocator final : public c10::Allocator {
   std::unordered_map<void*, size_t> sizes_;
 };
 
-}  // namespace amp_bench
+}  // namespace amp_test
