@@ -1,9 +1,10 @@
 // Activation checkpointing: the peak memory of one forward + backward of a deep MLP (Linear +
 // GELU blocks) without checkpointing, with every block checkpointed (amp::CheckpointWrapper) and
-// with checkpoint_sequential's segments, in float32 and under bf16 autocast, side by side in one
-// run; and the time the recomputation costs. Peak bytes are counted by the allocator (the
-// counting CPU allocator, CUDA's caching-allocator statistics on a GPU), from the moment before
-// the forward, so the parameters and the input are not in them and the gradients are.
+// with checkpoint_sequential's segments, in float32, under bf16 autocast and with float8 layers
+// (amp::fp8, tensorwise), side by side in one run; and the time the recomputation costs. Peak bytes
+// are counted by the allocator (the counting CPU allocator, CUDA's caching-allocator statistics on
+// a GPU), from the moment before the forward, so the parameters and the input are not in them and
+// the gradients are.
 //
 // The benchmark checks what it exists to show: a checkpointed run whose peak is not below the
 // plain run's of the same precision makes it exit with status 1.
@@ -22,6 +23,7 @@
 
 #include <amp/autocast.h>
 #include <amp/checkpoint.h>
+#include <amp/fp8.h>
 
 #include "bench_stats.h"
 #include "support/counting_allocator.h"
@@ -30,17 +32,31 @@ namespace {
 
 enum class Strategy { kPlain, kPerBlock, kSegments };
 
+enum class Precision { kFp32, kBf16, kFp8 };
+
 struct Mode {
   std::string name;
   Strategy strategy;
-  bool bf16;
+  Precision precision;
 };
 
+// Each precision's plain mode comes first: the others are compared with it.
 const std::vector<Mode> kModes = {
-    {"fp32 plain", Strategy::kPlain, false},         {"fp32 per block", Strategy::kPerBlock, false},
-    {"fp32 4 segments", Strategy::kSegments, false}, {"bf16 plain", Strategy::kPlain, true},
-    {"bf16 per block", Strategy::kPerBlock, true},   {"bf16 4 segments", Strategy::kSegments, true},
+    {"fp32 plain", Strategy::kPlain, Precision::kFp32},
+    {"fp32 per block", Strategy::kPerBlock, Precision::kFp32},
+    {"fp32 4 segments", Strategy::kSegments, Precision::kFp32},
+    {"bf16 plain", Strategy::kPlain, Precision::kBf16},
+    {"bf16 per block", Strategy::kPerBlock, Precision::kBf16},
+    {"bf16 4 segments", Strategy::kSegments, Precision::kBf16},
+    {"fp8 plain", Strategy::kPlain, Precision::kFp8},
+    {"fp8 per block", Strategy::kPerBlock, Precision::kFp8},
 };
+
+size_t plain_mode_of(size_t m) {
+  size_t plain = m;
+  while (plain > 0 && kModes[plain - 1].precision == kModes[m].precision) --plain;
+  return plain;
+}
 constexpr int64_t kSegments = 4;
 
 amp_test::CountingAllocator* counting = nullptr;
@@ -85,14 +101,16 @@ void sync(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize();
 }
 
-// Linear then GELU. A Sequential cannot be a Sequential's element (its forward is a template).
+// Linear (or Float8Linear) then GELU. A Sequential cannot be a Sequential's element (its forward
+// is a template).
 struct BlockImpl : torch::nn::Module {
-  torch::nn::Linear linear;
+  torch::nn::AnyModule linear;
   torch::nn::GELU gelu;
-  explicit BlockImpl(torch::nn::Linear l)
-      : linear(register_module("linear", std::move(l))),
-        gelu(register_module("gelu", torch::nn::GELU())) {}
-  torch::Tensor forward(const torch::Tensor& x) { return gelu(linear(x)); }
+  explicit BlockImpl(torch::nn::AnyModule l)
+      : linear(std::move(l)), gelu(register_module("gelu", torch::nn::GELU())) {
+    register_module("linear", linear.ptr());
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return gelu(linear.forward(x)); }
 };
 TORCH_MODULE(Block);
 
@@ -104,7 +122,10 @@ struct Model {
   Model(Mode m, int64_t width, int64_t depth, torch::Device d) : mode(std::move(m)), device(d) {
     torch::manual_seed(0);
     for (int64_t i = 0; i < depth; ++i) {
-      auto linear = torch::nn::Linear(width, width);
+      // Float8Linear initialises its weight as Linear does: the same weights in every mode.
+      auto linear = mode.precision == Precision::kFp8
+                        ? torch::nn::AnyModule(amp::fp8::Float8Linear(width, width))
+                        : torch::nn::AnyModule(torch::nn::Linear(width, width));
       if (mode.strategy == Strategy::kSegments) {
         net->push_back(linear);
         net->push_back(torch::nn::GELU());
@@ -121,8 +142,10 @@ struct Model {
   }
 
   torch::Tensor loss(const torch::Tensor& x) {
-    amp::AutocastGuard autocast(
-        amp::AutocastOptions(device.type()).dtype(torch::kBFloat16).enabled(mode.bf16));
+    amp::AutocastGuard autocast(amp::AutocastOptions(device.type())
+                                    .dtype(torch::kBFloat16)
+                                    .enabled(mode.precision == Precision::kBf16));
+    amp::fp8::Float8AutocastGuard float8(mode.precision == Precision::kFp8);
     const auto y = mode.strategy == Strategy::kSegments
                        ? amp::checkpoint_sequential(net, kSegments, x)
                        : net->forward(x);
@@ -182,7 +205,8 @@ int main(int argc, char** argv) {
   }
 
   std::printf(
-      "forward + backward of %lld blocks Linear(%lld, %lld) + GELU, %lld rows, on %s, "
+      "forward + backward of %lld blocks Linear(%lld, %lld) (fp8: Float8Linear) + GELU, %lld rows, "
+      "on %s, "
       "%d threads, %d rounds%s\n",
       static_cast<long long>(depth), static_cast<long long>(width), static_cast<long long>(width),
       static_cast<long long>(rows), cuda ? "CUDA" : "the CPU", torch::get_num_threads(), rounds,
@@ -192,7 +216,7 @@ int main(int argc, char** argv) {
               "graph MiB", "peak MiB", "peak/plain");
   bool saved = true;
   for (size_t m = 0; m < models.size(); ++m) {
-    const size_t plain = kModes[m].bf16 ? 3 : 0;
+    const size_t plain = plain_mode_of(m);
     const auto ci = amp_bench::median_ci(times[m]);
     const auto ratio = amp_bench::median(amp_bench::ratios(times[m], times[plain]));
     const double peak_ratio = static_cast<double>(peak[m]) / static_cast<double>(peak[plain]);
