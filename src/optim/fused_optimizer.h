@@ -134,19 +134,17 @@ at::Tensor FusedOptimizer<Options, ParamState>::step(LossClosure closure) {
   }
   at::NoGradGuard no_grad;
   StepScaling scaling(*this);
-  // A float32 master gradient whose float16 gradient has since been replaced or changed is
-  // stale: the step reads the float16 gradient instead.
-  if (!float32_gradient_sources_.empty()) {
+  // A float32 master gradient whose float16 gradient has since been replaced, changed or
+  // dropped is stale: the step reads the float16 gradient instead.
+  if (gave_float32_gradients_) {
     for (const auto& group : param_groups_) {
       for (const auto& param : group.params()) {
-        if (!float32_gradient_sources_.count(param.unsafeGetTensorImpl()) ||
-            has_current_float32_gradient(param)) {
-          continue;
-        }
         const auto found = state_.find(param.unsafeGetTensorImpl());
         if (found == state_.end()) continue;
         const at::Tensor& master = static_cast<const ParamState&>(*found->second).master_weight();
-        if (master.defined()) master.mutable_grad() = at::Tensor();
+        if (master.defined() && master.grad().defined() && !has_current_float32_gradient(param)) {
+          master.mutable_grad() = at::Tensor();
+        }
       }
     }
   }
@@ -200,6 +198,7 @@ at::Tensor FusedOptimizer<Options, ParamState>::float32_gradient(const at::Tenso
   }
   at::Tensor master = state.master_weight();
   master.mutable_grad() = at::empty_like(master);
+  gave_float32_gradients_ = true;
   const at::Tensor& grad = param.grad();
   float32_gradient_sources_.insert_or_assign(
       param.unsafeGetTensorImpl(),

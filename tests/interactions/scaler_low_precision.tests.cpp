@@ -154,6 +154,7 @@ TEST_CASE("fp16 gradients without float32 master copies are still refused, chang
   other.unscale_(sgd);
   REQUIRE(sgd.master_params()[0].scalar_type() == torch::kFloat);
   sgd.zero_grad();
+  sgd.step();  // no gradient: nothing stepped, and the float32 copy must not survive for later
   master.mutable_grad() = torch::full({4}, 2.0).to(torch::kHalf);  // a new gradient, unscaled
   CHECK(sgd.master_params()[0].is_same(master));
   sgd.step();  // reads the new float16 gradient: 0 - 0.5 * 2 = -1, not the stale 0.5

@@ -113,6 +113,8 @@ class AMP_EXPORT FusedOptimizer : public torch::optim::Optimizer, public Support
   std::unordered_map<const c10::TensorImpl*,
                      std::pair<c10::weak_intrusive_ptr<c10::TensorImpl>, uint32_t>>
       float32_gradient_sources_;
+  // Whether float32_gradient() ever ran (until then step() looks for no stale ones).
+  bool gave_float32_gradients_ = false;
   // How many of param_groups_ were added (and their options merged) by this class: a group
   // beyond them came through LibTorch's non-virtual Optimizer::add_param_group.
   size_t adopted_groups_ = 0;
