@@ -296,8 +296,9 @@ class Frame : public std::enable_shared_from_this<Frame> {
                 "CheckpointOptions().determinism_check(amp::DeterminismCheck::kNone)).");
   }
 
-  // The recomputation's hooks: each saved tensor goes to the frame, and is not kept here (the
-  // recomputation's own graph is never backpropagated).
+  // The recomputation's hooks: each saved tensor goes to the frame, and the recomputation's own
+  // graph keeps it too, for a backward inside the checkpointed function; that graph, and with it
+  // the tensor, dies when the recomputation returns.
   class RecomputeHooks final : public torch::autograd::SavedVariableHooks {
    public:
     explicit RecomputeHooks(Frame& frame) : frame_(frame) {}
