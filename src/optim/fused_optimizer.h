@@ -88,10 +88,7 @@ void FusedOptimizer<Options, ParamState>::add_param_groups(
     check_params(group, g, name_, options.capturable());
     check_low_precision_params(options, group.params(), group_where(name_, g));
   }
-  std::vector<torch::optim::OptimizerParamGroup> all;
-  for (const auto& group : param_groups_) all.emplace_back(group);
-  for (const auto& group : groups) all.emplace_back(group);
-  check_some_low_precision<Options>(all, name_);
+  check_some_low_precision<Options>({&param_groups_, &groups}, name_);
   adopt_groups(*this, std::move(groups));
   adopted_groups_ = param_groups_.size();
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -103,16 +104,20 @@ void check_low_precision_params(const Options& o, const std::vector<at::Tensor>&
 
 /// A low-precision option set on an optimizer none of whose parameters is bfloat16/float16 acts
 /// on nothing: most likely the model was not cast. Throws a sentence starting with `name`.
+/// `lists`: the groups already in the optimizer and those being added.
 template <typename Options>
-void check_some_low_precision(const std::vector<torch::optim::OptimizerParamGroup>& groups,
-                              const char* name) {
+void check_some_low_precision(
+    std::initializer_list<const std::vector<torch::optim::OptimizerParamGroup>*> lists,
+    const char* name) {
   bool asked = false, any_low = false;
   c10::ScalarType seen = c10::kFloat;
-  for (const auto& group : groups) {
-    asked = asked || wants_low_precision(static_cast<const Options&>(group.options()));
-    for (const auto& p : group.params()) {
-      any_low = any_low || is_low_precision(p.scalar_type());
-      seen = p.scalar_type();
+  for (const auto* groups : lists) {
+    for (const auto& group : *groups) {
+      asked = asked || wants_low_precision(static_cast<const Options&>(group.options()));
+      for (const auto& p : group.params()) {
+        any_low = any_low || is_low_precision(p.scalar_type());
+        seen = p.scalar_type();
+      }
     }
   }
   TORCH_CHECK(!asked || any_low, name,
