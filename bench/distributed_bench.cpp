@@ -158,15 +158,17 @@ int main(int argc, char** argv) {
   if (lead) {
     int64_t elements = 0;
     for (const auto& p : plain.model->parameters()) elements += p.numel();
-    std::printf("amp_distributed_bench: %d ranks (gloo, 127.0.0.1), MLP 784-%lld-%lld-%lld-10 "
-                "(%lld parameters), %lld images per rank per step, fp32, SGD, OMP threads %d\n",
-                world, static_cast<long long>(hidden), static_cast<long long>(hidden),
-                static_cast<long long>(hidden), static_cast<long long>(elements),
-                static_cast<long long>(kLocalBatch), at::get_num_threads());
-    std::printf("DDP buckets: %zu (bucket_cap_mb %g); gradient bytes each rank hands to the "
-                "all-reduce per step: fp32 %lld, bf16/fp16 %lld\n",
-                ddp32.ddp->buckets().size(), kBucketCapMb, static_cast<long long>(elements * 4),
-                static_cast<long long>(elements * 2));
+    std::printf(
+        "amp_distributed_bench: %d ranks (gloo, 127.0.0.1), MLP 784-%lld-%lld-%lld-10 "
+        "(%lld parameters), %lld images per rank per step, fp32, SGD, OMP threads %d\n",
+        world, static_cast<long long>(hidden), static_cast<long long>(hidden),
+        static_cast<long long>(hidden), static_cast<long long>(elements),
+        static_cast<long long>(kLocalBatch), at::get_num_threads());
+    std::printf(
+        "DDP buckets: %zu (bucket_cap_mb %g); gradient bytes each rank hands to the "
+        "all-reduce per step: fp32 %lld, bf16/fp16 %lld\n",
+        ddp32.ddp->buckets().size(), kBucketCapMb, static_cast<long long>(elements * 4),
+        static_cast<long long>(elements * 2));
     std::printf("cpu: %s; load before: %s\n", amp_bench::cpu_model().c_str(),
                 amp_bench::load_average().c_str());
     std::printf("%d rounds x %d steps per row, rows interleaved; median per step [95%% CI]\n",

@@ -30,9 +30,9 @@
 #include <amp/fp8.h>
 
 #include "bench_stats.h"
-#include "support/counting_allocator.h"
 #include "fp8/fused_cast.h"
 #include "fp8/scaling.h"
+#include "support/counting_allocator.h"
 
 namespace {
 
@@ -388,7 +388,7 @@ int main(int argc, char** argv) {
         sync(device);
         const auto start = Clock::now();
         for (int micro = 0; micro < kMicroBatches; ++micro) {
-          const auto casts = i % 2 == 0 ? amp::fp8::WeightCasts::fresh
+          const auto casts = i % 2 == 0   ? amp::fp8::WeightCasts::fresh
                              : micro == 0 ? amp::fp8::WeightCasts::keep
                                           : amp::fp8::WeightCasts::reuse;
           torch::Tensor loss;

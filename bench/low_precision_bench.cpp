@@ -27,8 +27,8 @@ using amp::optim::FusedAdamWOptions;
 
 // kahan and sr keep float32 moments (the default); kahan-bf16 and sr-bf16 the compact bfloat16
 // ones (state_dtype(kBFloat16)), which lose Adam's small second-moment updates.
-const std::vector<std::string> kModes = {"fp32",  "master",     "kahan",  "kahan-bf16",
-                                         "sr",    "sr-bf16",    "plain"};
+const std::vector<std::string> kModes = {"fp32", "master",  "kahan", "kahan-bf16",
+                                         "sr",   "sr-bf16", "plain"};
 
 // Bytes each step reads and writes per parameter (params, grads, state; the step counts aside).
 double bytes_moved(const std::string& mode) {
@@ -129,17 +129,17 @@ int time_modes(int rounds, torch::Device device) {
               device.str().c_str(), static_cast<long long>(setups[0]->params),
               torch::get_num_threads(), rounds, amp_bench::cpu_model().c_str());
   std::printf("copy bandwidth (read+write): %.2f GB/s\n", bandwidth / 1e9);
-  std::printf("%-10s %10s %26s %10s %12s %14s\n", "mode", "B/param", "median ms [95% CI]", "fp32/mode",
-              "moved B/p", "of bandwidth");
+  std::printf("%-10s %10s %26s %10s %12s %14s\n", "mode", "B/param", "median ms [95% CI]",
+              "fp32/mode", "moved B/p", "of bandwidth");
   for (size_t i = 0; i < setups.size(); ++i) {
     const auto ci = amp_bench::median_ci(times[i]);
     const auto ratio = amp_bench::median(amp_bench::ratios(times[0], times[i]));
     const double med = amp_bench::median(times[i]);
     const double moved = bytes_moved(setups[i]->mode) * setups[i]->params;
     std::printf("%-10s %10.2f %8.3f [%7.3f,%7.3f] %9.2fx %12.0f %13.0f%%\n",
-                setups[i]->mode.c_str(), setups[i]->tensor_bytes() / setups[i]->params,
-                med * 1e3, ci.first * 1e3, ci.second * 1e3, ratio,
-                bytes_moved(setups[i]->mode), 100.0 * moved / med / bandwidth);
+                setups[i]->mode.c_str(), setups[i]->tensor_bytes() / setups[i]->params, med * 1e3,
+                ci.first * 1e3, ci.second * 1e3, ratio, bytes_moved(setups[i]->mode),
+                100.0 * moved / med / bandwidth);
   }
   return 0;
 }
@@ -167,8 +167,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "amp_low_precision_bench: no CUDA device\n");
       return 77;
     }
-    return time_modes(argc > 2 ? std::stoi(argv[2]) : 15, cuda ? torch::Device(torch::kCUDA)
-                                                               : torch::Device(torch::kCPU));
+    return time_modes(argc > 2 ? std::stoi(argv[2]) : 15,
+                      cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU));
   }
   std::fprintf(stderr, "usage: amp_low_precision_bench time [rounds] [cpu|cuda] | rss MODE\n");
   return 2;

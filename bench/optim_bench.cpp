@@ -49,10 +49,10 @@
 
 #include <amp/autocast.h>
 
-#include "bench_stats.h"
 #include <amp/grad_scaler.h>
 #include <amp/info.h>
 #include <amp/optim.h>
+#include "bench_stats.h"
 
 namespace {
 

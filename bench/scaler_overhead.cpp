@@ -33,9 +33,9 @@
 
 #include <amp/autocast.h>
 
-#include "bench_stats.h"
 #include <amp/grad_scaler.h>
 #include <amp/info.h>
+#include "bench_stats.h"
 
 namespace {
 

@@ -1,10 +1,14 @@
 # Run by the ctest "format: ..." (cmake/AmpFormat.cmake): every C++ and CUDA source and header of
-# src/ and include/ must be what clang-format makes of it under .clang-format. Prints each file
+# src/, include/, tests/, examples/ and bench/ must be what clang-format makes of it under .clang-format. Prints each file
 # that differs and the command that fixes them.
 # Inputs: -DCLANG_FORMAT=<program> -DSOURCE_DIR=<repository root>
-file(GLOB_RECURSE _files RELATIVE "${SOURCE_DIR}"
-  "${SOURCE_DIR}/src/*.h" "${SOURCE_DIR}/src/*.cpp" "${SOURCE_DIR}/src/*.cuh"
-  "${SOURCE_DIR}/src/*.cu" "${SOURCE_DIR}/include/*.h")
+set(_globs "")
+foreach(_dir IN ITEMS src include tests examples bench)
+  foreach(_ext IN ITEMS h cpp cuh cu)
+    list(APPEND _globs "${SOURCE_DIR}/${_dir}/*.${_ext}")
+  endforeach()
+endforeach()
+file(GLOB_RECURSE _files RELATIVE "${SOURCE_DIR}" ${_globs})
 list(SORT _files)
 set(_differ "")
 foreach(_file IN LISTS _files)
@@ -21,4 +25,4 @@ if(_differ)
   message(FATAL_ERROR "${_bad} of ${_count} files differ from .clang-format:\n  ${_listed}\n"
     "Format them: ${CLANG_FORMAT} -i --style=file <files> (from the repository root).")
 endif()
-message(STATUS "all ${_count} files of src/ and include/ match .clang-format")
+message(STATUS "all ${_count} files of src, include, tests, examples and bench match .clang-format")

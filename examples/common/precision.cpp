@@ -46,11 +46,9 @@ const DeviceChoice& parse_device(std::string_view text) {
 void add_precision_option(CommandLine& cli, Precision& target, bool float8) {
   std::string values = value_name(kPrecisions);
   if (float8) values.insert(values.size() - 1, ",fp8");
-  cli.add_option("precision", values,
-                 fmt::format("forward-pass precision (default {})", target.name),
-                 [&target, float8](std::string_view value) {
-                   target = parse_precision(value, float8);
-                 });
+  cli.add_option(
+      "precision", values, fmt::format("forward-pass precision (default {})", target.name),
+      [&target, float8](std::string_view value) { target = parse_precision(value, float8); });
 }
 
 void add_fp8_recipe_option(CommandLine& cli, std::string& target) {

@@ -39,8 +39,8 @@ inline constexpr std::array kPrecisions = {
 
 /// --precision fp8, for the examples built on amp::fp8::Float8Linear (add_precision_option with
 /// float8 true): float8 GEMMs (the recipe --fp8-recipe names), bf16 autocast around them.
-inline constexpr Precision kFloat8Precision{
-    "fp8", "float8 GEMMs in bfloat16 autocast", c10::ScalarType::BFloat16, false, true};
+inline constexpr Precision kFloat8Precision{"fp8", "float8 GEMMs in bfloat16 autocast",
+                                            c10::ScalarType::BFloat16, false, true};
 
 /// A value of --device.
 struct DeviceChoice {

@@ -189,8 +189,7 @@ void run(const Settings& settings) {
         "{}, epochs {}, lr {}, seed {}, model {}\n",
         world, world > 1 ? "s" : "", parallel.group ? parallel.group->getBackendName() : "no group",
         settings.batch_size, local_batch, settings.precision.name, settings.comm.name,
-        settings.epochs, settings.lr, settings.seed,
-        model_name(settings));
+        settings.epochs, settings.lr, settings.seed, model_name(settings));
     fmt::print("data: {} training and {} test images from {} ({:.2f} s)\n", train.size(),
                test.size(), settings.data_dir.string(), seconds_since(start));
     std::fflush(stdout);
@@ -292,8 +291,8 @@ amp_examples::CommandLine make_command_line(Settings& s) {
   cli.add_integer_option("hidden", "N",
                          "hidden units of an MLP instead of the seed's linear model (0: linear)",
                          s.hidden, 0);
-  cli.add_integer_option("layers", "L", "hidden layers of --hidden units (with --hidden)",
-                         s.layers, 1);
+  cli.add_integer_option("layers", "L", "hidden layers of --hidden units (with --hidden)", s.layers,
+                         1);
   cli.add_integer_option("timeout-s", "SECONDS",
                          "how long to wait for a rank that is late, hung or gone", s.timeout_s, 1);
   return cli;

@@ -6,8 +6,8 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
-#include <memory>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -385,10 +385,9 @@ TEST_CASE("A recomputation that saves fewer tensors is refused under every deter
       };
       auto x = torch::randn({4}).requires_grad_(true);
       auto y = amp::checkpoint(amp::CheckpointOptions().determinism_check(check), fn, x);
-      CHECK_THROWS_WITH(y.sum().backward(),
-                        Contains("amp::checkpoint: the forward saved") &&
-                            Contains("determinism_check does not relax this") &&
-                            !Contains("INTERNAL ASSERT"));
+      CHECK_THROWS_WITH(y.sum().backward(), Contains("amp::checkpoint: the forward saved") &&
+                                                Contains("determinism_check does not relax this") &&
+                                                !Contains("INTERNAL ASSERT"));
     }
   }
 }

@@ -126,7 +126,8 @@ class Run {
     size_t at = 0;
     for (const auto& size : split(need(w, "sizes"), ',')) {
       std::vector<float> init;
-      for (int64_t i = 0; i < integer(size); ++i) init.push_back(static_cast<float>(real(values.at(at++))));
+      for (int64_t i = 0; i < integer(size); ++i)
+        init.push_back(static_cast<float>(real(values.at(at++))));
       params_.push_back(torch::tensor(init, torch::kFloat).requires_grad_(true));
     }
     make_optimizer(w);
@@ -235,13 +236,17 @@ class Run {
       const double dampening = real(need(w, "dampening"));
       const bool nesterov = integer(need(w, "nesterov")) != 0;
       if (kind_ == "sgd") {
-        optimizer_ = std::make_unique<torch::optim::SGD>(
-            params_, torch::optim::SGDOptions(lr).momentum(momentum).dampening(dampening)
-                         .weight_decay(weight_decay).nesterov(nesterov));
+        optimizer_ = std::make_unique<torch::optim::SGD>(params_, torch::optim::SGDOptions(lr)
+                                                                      .momentum(momentum)
+                                                                      .dampening(dampening)
+                                                                      .weight_decay(weight_decay)
+                                                                      .nesterov(nesterov));
       } else {
-        optimizer_ = std::make_unique<amp::optim::FusedSGD>(
-            params_, amp::optim::FusedSGDOptions(lr).momentum(momentum).dampening(dampening)
-                         .weight_decay(weight_decay).nesterov(nesterov));
+        optimizer_ = std::make_unique<amp::optim::FusedSGD>(params_, amp::optim::FusedSGDOptions(lr)
+                                                                         .momentum(momentum)
+                                                                         .dampening(dampening)
+                                                                         .weight_decay(weight_decay)
+                                                                         .nesterov(nesterov));
       }
       return;
     }
@@ -249,18 +254,25 @@ class Run {
     const double eps = real(need(w, "eps"));
     const bool amsgrad = integer(need(w, "amsgrad")) != 0;
     if (kind_ == "adam") {
-      optimizer_ = std::make_unique<torch::optim::Adam>(
-          params_, torch::optim::AdamOptions(lr).betas(betas).eps(eps).weight_decay(weight_decay)
-                       .amsgrad(amsgrad));
+      optimizer_ = std::make_unique<torch::optim::Adam>(params_, torch::optim::AdamOptions(lr)
+                                                                     .betas(betas)
+                                                                     .eps(eps)
+                                                                     .weight_decay(weight_decay)
+                                                                     .amsgrad(amsgrad));
     } else if (kind_ == "fused_adam") {
-      optimizer_ = std::make_unique<amp::optim::FusedAdam>(
-          params_, amp::optim::FusedAdamOptions(lr).betas(betas).eps(eps)
-                       .weight_decay(weight_decay).amsgrad(amsgrad));
+      optimizer_ = std::make_unique<amp::optim::FusedAdam>(params_, amp::optim::FusedAdamOptions(lr)
+                                                                        .betas(betas)
+                                                                        .eps(eps)
+                                                                        .weight_decay(weight_decay)
+                                                                        .amsgrad(amsgrad));
     } else {
       TORCH_CHECK(kind_ == "fused_adamw", "difffuzz runner: unknown optimizer '", kind_, "'");
-      optimizer_ = std::make_unique<amp::optim::FusedAdamW>(
-          params_, amp::optim::FusedAdamWOptions(lr).betas(betas).eps(eps)
-                       .weight_decay(weight_decay).amsgrad(amsgrad));
+      optimizer_ =
+          std::make_unique<amp::optim::FusedAdamW>(params_, amp::optim::FusedAdamWOptions(lr)
+                                                                .betas(betas)
+                                                                .eps(eps)
+                                                                .weight_decay(weight_decay)
+                                                                .amsgrad(amsgrad));
     }
   }
 
@@ -272,12 +284,12 @@ class Run {
     if (found == states.end()) return tag + "none";
     const auto& state = *found->second;
     if (kind_ == "sgd") {
-      return tag + tensor_bits(static_cast<const torch::optim::SGDParamState&>(state)
-                                   .momentum_buffer());
+      return tag +
+             tensor_bits(static_cast<const torch::optim::SGDParamState&>(state).momentum_buffer());
     }
     if (kind_ == "fused_sgd") {
-      return tag + tensor_bits(static_cast<const amp::optim::FusedSGDParamState&>(state)
-                                   .momentum_buffer());
+      return tag + tensor_bits(
+                       static_cast<const amp::optim::FusedSGDParamState&>(state).momentum_buffer());
     }
     if (kind_ == "adam") {
       const auto& s = static_cast<const torch::optim::AdamParamState&>(state);

@@ -427,9 +427,10 @@ TEST_CASE("Batched float8 amax reductions run beside DistributedDataParallel's b
   }
 }
 
-TEST_CASE("Under DistributedDataParallel without an amax reduction each rank keeps its own "
-          "delayed-scaling histories",
-          "[distributed][fp8][ddp]") {
+TEST_CASE(
+    "Under DistributedDataParallel without an amax reduction each rank keeps its own "
+    "delayed-scaling histories",
+    "[distributed][fp8][ddp]") {
   // DDP broadcasts rank 0's buffers before every forward; the float8 histories and scales are
   // rank-local (as Transformer Engine's metadata) and must hold each rank's own amaxes, or a
   // rank whose inputs are larger than rank 0's casts with rank 0's scale and saturates.
@@ -454,9 +455,10 @@ TEST_CASE("Under DistributedDataParallel without an amax reduction each rank kee
   CHECK(results[0].at("0.amax_history_input") != results.back().at("0.amax_history_input"));
 }
 
-TEST_CASE("A data-parallel run resumed from rank 0's checkpoint continues with the uninterrupted "
-          "bits on every rank",
-          "[distributed][ddp][save_load]") {
+TEST_CASE(
+    "A data-parallel run resumed from rank 0's checkpoint continues with the uninterrupted "
+    "bits on every rank",
+    "[distributed][ddp][save_load]") {
   // Model, FusedAdamW and a synced GradScaler saved by rank 0 after three steps (one of them
   // skipped for an inf on rank 1), loaded by every rank, wrapped in DDP again: the last three
   // steps give the bits of six steps in one go, on every rank. With two ranks whatever the

@@ -10,20 +10,20 @@
 #include <cstring>
 #include <limits>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/functional.h>
 #include <torch/nn/modules/container/sequential.h>
-#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -161,7 +161,8 @@ void ddp_grads(const dist::TorchrunEnv& env, const std::string& comm, double buc
       return total;
     });
     loss.backward();
-    print("iteration" + std::to_string(iteration) + ".buckets", std::to_string(ddp.buckets().size()));
+    print("iteration" + std::to_string(iteration) + ".buckets",
+          std::to_string(ddp.buckets().size()));
   }
   for (size_t j = 0; j < shapes.size(); ++j) {
     const at::Tensor& grad = module->params[j].grad();
@@ -202,8 +203,8 @@ void overflow(const dist::TorchrunEnv& env, const std::string& comm, const std::
 }
 
 // bf16 parameters trained by FusedAdamW in a low-precision mode (master, kahan or sr) on each
-// rank's own data: DistributedDataParallel averages the bf16 gradients in their dtype, and in step 3
-// rank 1 alone sees an inf after the all-reduce, so the synced flag must make every rank skip.
+// rank's own data: DistributedDataParallel averages the bf16 gradients in their dtype, and in step
+// 3 rank 1 alone sees an inf after the all-reduce, so the synced flag must make every rank skip.
 void low_precision(const dist::TorchrunEnv& env, const std::string& mode) {
   auto group = dist::init_gloo_from_torchrun(group_options());
   amp::GradScaler scaler(c10::DeviceType::CPU,
@@ -341,13 +342,15 @@ void ddp_resume(const dist::TorchrunEnv& env, const std::string& dir, bool find_
     run.optimizer = std::make_unique<amp::optim::FusedAdamW>(run.model->parameters(),
                                                              amp::optim::FusedAdamWOptions(1e-2));
     run.scaler = std::make_unique<amp::GradScaler>(
-        c10::DeviceType::CPU, amp::GradScalerOptions().init_scale(256.0).growth_interval(2).found_inf_sync(
-                                  dist::found_inf_sync(group)));
+        c10::DeviceType::CPU,
+        amp::GradScalerOptions().init_scale(256.0).growth_interval(2).found_inf_sync(
+            dist::found_inf_sync(group)));
     return run;
   };
   const auto wrap = [&](Run& run) {
     run.ddp = std::make_unique<dist::DistributedDataParallel>(
-        run.model, group, dist::DistributedDataParallelOptions().find_unused_parameters(find_unused));
+        run.model, group,
+        dist::DistributedDataParallelOptions().find_unused_parameters(find_unused));
   };
   const auto train = [&](Run& run, int from, int to) {
     for (int step = from; step < to; ++step) {
@@ -357,10 +360,12 @@ void ddp_resume(const dist::TorchrunEnv& env, const std::string& dir, bool find_
       at::Tensor loss;
       {
         amp::AutocastGuard autocast(c10::DeviceType::CPU, at::kBFloat16);
-        loss = run.ddp->forward([&] { return run.model->forward(x); }).to(at::kFloat).square().mean();
+        loss =
+            run.ddp->forward([&] { return run.model->forward(x); }).to(at::kFloat).square().mean();
       }
       run.scaler->scale(loss).backward();
-      if (step == 2 && env.rank == 1) run.model->parameters()[0].mutable_grad()[0][0].fill_(INFINITY);
+      if (step == 2 && env.rank == 1)
+        run.model->parameters()[0].mutable_grad()[0][0].fill_(INFINITY);
       run.scaler->step(*run.optimizer);
       run.scaler->update();
     }
@@ -505,8 +510,8 @@ void ddp_parity(const dist::TorchrunEnv& env, const std::string& dir, const Pari
     const std::string mine = dir + "/rank" + std::to_string(env.rank) + "_";
     at::NoGradGuard no_grad;
     for (auto& named : model->named_parameters()) {
-      named.value().copy_(read_raw(mine + named.key() + ".bin", named.value().sizes().vec(),
-                                   at::kFloat));
+      named.value().copy_(
+          read_raw(mine + named.key() + ".bin", named.value().sizes().vec(), at::kFloat));
     }
   }
   const std::string data = dir + "/rank" + std::to_string(env.rank);
@@ -519,9 +524,8 @@ void ddp_parity(const dist::TorchrunEnv& env, const std::string& dir, const Pari
       .gradient_as_bucket_view(config.at("bucket_view") == "1");
   dist::DistributedDataParallel ddp(model, group, options);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  amp::GradScalerOptions scaler_options = amp::GradScalerOptions()
-                                                   .init_scale(config.real("init_scale"))
-                                                   .growth_interval(2);
+  amp::GradScalerOptions scaler_options =
+      amp::GradScalerOptions().init_scale(config.real("init_scale")).growth_interval(2);
   scaler_options.found_inf_sync(dist::found_inf_sync(group));
   amp::GradScaler scaler(c10::DeviceType::CPU, scaler_options);
   const bool flip = std::getenv("AMP_TEST_FLIP_BIT") != nullptr;
@@ -581,7 +585,8 @@ struct Snapshot {
   bool first_layer_pending_at_first_send = false;
 };
 
-class RecordingHook final : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
+class RecordingHook final
+    : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
  public:
   RecordingHook(c10::intrusive_ptr<c10d::ProcessGroup> group, std::shared_ptr<Snapshot> snapshot)
       : CppCommHookInterface(std::move(group)), snapshot_(std::move(snapshot)) {}
@@ -629,7 +634,8 @@ void overlap(const dist::TorchrunEnv& env) {
   for (const auto& entry : snapshot->sent) sent += (sent.empty() ? "" : " ") + entry;
   print("buckets", std::to_string(ddp.buckets().size()));
   print("sent", sent);
-  print("first_layer_pending_at_first_send", snapshot->first_layer_pending_at_first_send ? "1" : "0");
+  print("first_layer_pending_at_first_send",
+        snapshot->first_layer_pending_at_first_send ? "1" : "0");
   std::vector<at::Tensor> flat;
   for (const auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}));
   print("params", hex(at::cat(flat)));
@@ -689,9 +695,9 @@ int main(int argc, char** argv) {
           env, args[1], args[2] == "sync",
           args.size() == 4 && args[3] == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
     } else if (scenario == "ddp_grads" && (args.size() == 4 || args.size() == 5)) {
-      ddp_grads(env, args[1], std::atof(args[2].c_str()), args[3] == "unused",
-                args.size() == 5 && args[4] == "cuda" ? c10::DeviceType::CUDA
-                                                      : c10::DeviceType::CPU);
+      ddp_grads(
+          env, args[1], std::atof(args[2].c_str()), args[3] == "unused",
+          args.size() == 5 && args[4] == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
     } else if (scenario == "overflow" && (args.size() == 2 || args.size() == 3)) {
       overflow(env, args[1], args.size() == 3 ? args[2] : "sgd");
     } else if (scenario == "options_differ") {
@@ -724,7 +730,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: amp_distributed_worker "
-                   "skip|ddp_grads|overflow|options_differ|dies|stalls|ddp_parity|low_precision|fp8_delayed|fp8_delayed_ddp|ddp_resume|overlap|fault|join "
+                   "skip|ddp_grads|overflow|options_differ|dies|stalls|ddp_parity|low_precision|"
+                   "fp8_delayed|fp8_delayed_ddp|ddp_resume|overlap|fault|join "
                    "...\n");
       return 64;
     }

@@ -18,8 +18,8 @@ using amp::fp8::Float8Linear;
 using amp::fp8::Float8LinearOptions;
 using amp::fp8::Recipe;
 using amp::fp8::WeightCasts;
-using Catch::Matchers::Contains;
 using amp_test::same_bytes;
+using Catch::Matchers::Contains;
 
 namespace {
 
@@ -31,9 +31,9 @@ Recipe named(const std::string& name, bool fused) {
 
 torch::nn::Sequential two_layers(const Recipe& recipe) {
   torch::manual_seed(21);
-  return torch::nn::Sequential(
-      Float8Linear(Float8LinearOptions(16, 32).recipe(recipe)), torch::nn::ReLU(),
-      Float8Linear(Float8LinearOptions(32, 16).recipe(recipe)));
+  return torch::nn::Sequential(Float8Linear(Float8LinearOptions(16, 32).recipe(recipe)),
+                               torch::nn::ReLU(),
+                               Float8Linear(Float8LinearOptions(32, 16).recipe(recipe)));
 }
 
 torch::Tensor micro_batch(int step, int micro) {

@@ -110,8 +110,10 @@ std::string snapshot(const amp::GradScaler& scaler) {
 bool scale_in_bounds(const amp::GradScaler& scaler) {
   const auto& o = scaler.options();
   const double scale = scaler.get_scale();
-  const double low = std::min(o.min_scale(), static_cast<double>(static_cast<float>(o.min_scale())));
-  const double high = std::max(o.max_scale(), static_cast<double>(static_cast<float>(o.max_scale())));
+  const double low =
+      std::min(o.min_scale(), static_cast<double>(static_cast<float>(o.min_scale())));
+  const double high =
+      std::max(o.max_scale(), static_cast<double>(static_cast<float>(o.max_scale())));
   return scale >= low && scale <= high;
 }
 
@@ -321,15 +323,16 @@ std::string mutate(const std::string& base, std::mt19937_64& rng, std::string& l
       label = "pickle: special float";
       // The last two sit just below the extended scalers' min_scale (1) and just above their
       // max_scale (65536): within float32's rounding of a bound, outside the bound.
-      const double values[] = {1e39, 1e-50, 1e-320,  std::nan(""), INFINITY,
-                               -INFINITY, -1.0, 0.0, 3.4e38, 1.2e-38,
-                               2.0, 0.5, 0.9999999999999999, 65536.00000000001};
+      const double values[] = {
+          1e39, 1e-50,  1e-320,  std::nan(""), INFINITY, -INFINITY,          -1.0,
+          0.0,  3.4e38, 1.2e-38, 2.0,          0.5,      0.9999999999999999, 65536.00000000001};
       std::vector<std::size_t> floats;
       for (std::size_t k = 0; k + 9 <= body_end; ++k) {
         if (content[k] == 'G') floats.push_back(k);
       }
       if (floats.empty()) return bytes;
-      content.replace(floats[pick(floats.size())] + 1, 8, be_double(values[pick(std::size(values))]));
+      content.replace(floats[pick(floats.size())] + 1, 8,
+                      be_double(values[pick(std::size(values))]));
       break;
     }
     case 5: {

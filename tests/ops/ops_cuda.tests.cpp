@@ -22,8 +22,8 @@
 
 #include <amp/ops.h>
 
-#include "ops/cuda/kernels.cuh"
 #include "kernels/launch_plan.h"
+#include "ops/cuda/kernels.cuh"
 #include "support/bits.h"
 #include "support/reference_scale_update.h"
 
@@ -40,8 +40,8 @@ const torch::Device kCuda(torch::kCUDA);
 // one launch.
 constexpr int64_t kChunk = amp::detail::cuda::kChunkElems;
 const amp::kernels::LaunchLimits kCudaLimits{amp::detail::cuda::kChunkElems,
-                                            amp::detail::cuda::kMaxTensorsPerLaunch,
-                                            amp::detail::cuda::kMaxBlocksPerLaunch};
+                                             amp::detail::cuda::kMaxTensorsPerLaunch,
+                                             amp::detail::cuda::kMaxBlocksPerLaunch};
 
 torch::TensorOptions on(torch::ScalarType dtype, torch::Device device = kCuda) {
   return torch::TensorOptions().dtype(dtype).device(device);

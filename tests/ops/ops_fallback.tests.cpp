@@ -126,10 +126,10 @@ TEST_CASE("The update fallback is ATen's _amp_update_scale_ and refuses the exte
 TEST_CASE("The update fallback saturates the tracker at 2^31-1 as amp's kernels do", "[ops]") {
   amp_test::require_tracker_saturates(
       [](at::Tensor& scale, at::Tensor& tracker, const at::Tensor& found, int64_t interval) {
-        using Sig = void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double,
-                         int64_t, const std::optional<at::Tensor>&,
-                         const std::optional<at::Tensor>&, int64_t, bool, double,
-                         std::optional<double>);
+        using Sig =
+            void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double, int64_t,
+                 const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, bool,
+                 double, std::optional<double>);
         amp_op<Sig>("amp::update_scale_")
             .redispatch(kOtherDevice, scale, tracker, found, 2.0, 0.5, interval, std::nullopt,
                         std::nullopt, 1, false, 0.0, std::nullopt);

@@ -124,9 +124,8 @@ TEST_CASE("bf16 weights under Lion: round to nearest loses the steps, the write-
             .abs()
             .max()
             .item<double>() <= half_step);
-  const double sr = run(torch::kBFloat16, FusedLionOptions(lr).stochastic_rounding(true))
-                        .mean()
-                        .item<double>();
+  const double sr =
+      run(torch::kBFloat16, FusedLionOptions(lr).stochastic_rounding(true)).mean().item<double>();
   CHECK(std::abs(sr - fp32) <= 0.01 * (fp32 - 1.0));
 }
 
@@ -161,8 +160,9 @@ TEST_CASE("FusedLion's checkpoint resumes bit for bit and a foreign one is refus
   }
   CHECK(all_same_bits(resumed, straight));
   // A checkpoint of another model (other shapes) is refused, and the optimizer is unchanged.
-  auto other = std::vector<torch::Tensor>{torch::randn({4, 3}).requires_grad_(true),
-                                          torch::randn({7}).to(torch::kBFloat16).requires_grad_(true)};
+  auto other =
+      std::vector<torch::Tensor>{torch::randn({4, 3}).requires_grad_(true),
+                                 torch::randn({7}).to(torch::kBFloat16).requires_grad_(true)};
   FusedLion foreign(other, options);
   grads(other, 0);
   foreign.step();

@@ -487,7 +487,8 @@ TEST_CASE("add_param_group keeps the group's own options and checks its paramete
   auto params = make_params(21);
   FusedAdamW opt({params[0]}, FusedAdamWOptions(0.02).betas({0.8, 0.99}));
   opt.add_param_group(torch::optim::OptimizerParamGroup(
-      {params[1]}, std::make_unique<FusedAdamWOptions>(FusedAdamWOptions(0.002).weight_decay(0.5))));
+      {params[1]},
+      std::make_unique<FusedAdamWOptions>(FusedAdamWOptions(0.002).weight_decay(0.5))));
   opt.add_param_group(torch::optim::OptimizerParamGroup({params[2]}));
   REQUIRE(opt.param_groups().size() == 3);
   const auto& added = static_cast<const FusedAdamWOptions&>(opt.param_groups()[1].options());
@@ -521,24 +522,21 @@ TEST_CASE("add_param_group keeps the group's own options and checks its paramete
           {make_params(24)[0]}, std::make_unique<FusedAdamWOptions>(FusedAdamWOptions(-1.0)))),
       Contains("FusedAdamW (param group 3): lr must be finite and >= 0. Got lr=-1"));
   CHECK_THROWS_WITH(
-      opt.add_param_group(torch::optim::OptimizerParamGroup(
-          {torch::zeros({2}, torch::kLong)})),
+      opt.add_param_group(torch::optim::OptimizerParamGroup({torch::zeros({2}, torch::kLong)})),
       Contains("parameter 0 of group 3 has dtype Long"));
-  CHECK_THROWS_WITH(
-      opt.add_param_group(torch::optim::OptimizerParamGroup(
-          {make_params(25)[0]}, std::make_unique<torch::optim::AdamWOptions>(0.1))),
-      Contains("the options of param group 3 are not FusedAdamWOptions"));
+  CHECK_THROWS_WITH(opt.add_param_group(torch::optim::OptimizerParamGroup(
+                        {make_params(25)[0]}, std::make_unique<torch::optim::AdamWOptions>(0.1))),
+                    Contains("the options of param group 3 are not FusedAdamWOptions"));
   // A float32 group under a low-precision option is accepted (the option acts on bf16/fp16
   // parameters only); an optimizer with no bf16/fp16 parameter at all is refused.
   CHECK_NOTHROW(sgd.add_param_group(torch::optim::OptimizerParamGroup(
       {make_params(26)[0]},
       std::make_unique<FusedSGDOptions>(FusedSGDOptions(0.1).kahan_summation(true)))));
   FusedSGD float32_only({make_params(27)[0]}, FusedSGDOptions(0.1));
-  CHECK_THROWS_WITH(
-      float32_only.add_param_group(torch::optim::OptimizerParamGroup(
-          {make_params(28)[0]},
-          std::make_unique<FusedSGDOptions>(FusedSGDOptions(0.1).kahan_summation(true)))),
-      Contains("none of the optimizer's parameters is one (they are Float)"));
+  CHECK_THROWS_WITH(float32_only.add_param_group(torch::optim::OptimizerParamGroup(
+                        {make_params(28)[0]}, std::make_unique<FusedSGDOptions>(
+                                                  FusedSGDOptions(0.1).kahan_summation(true)))),
+                    Contains("none of the optimizer's parameters is one (they are Float)"));
   CHECK(opt.param_groups().size() == 3);
   CHECK(sgd.param_groups().size() == 3);
   CHECK(float32_only.param_groups().size() == 1);
@@ -554,10 +552,9 @@ TEST_CASE("A group added through LibTorch's base class is refused at the next st
       {params[1]}, std::make_unique<FusedAdamWOptions>(FusedAdamWOptions(0.5))));
   set_grads(params, 0);
   const auto before = params[0].detach().clone();
-  CHECK_THROWS_WITH(opt.step(),
-                    Contains("FusedAdamW: param group 1 was added through "
-                             "torch::optim::Optimizer::add_param_group") &&
-                        Contains("call add_param_group on the FusedAdamW itself"));
+  CHECK_THROWS_WITH(opt.step(), Contains("FusedAdamW: param group 1 was added through "
+                                         "torch::optim::Optimizer::add_param_group") &&
+                                    Contains("call add_param_group on the FusedAdamW itself"));
   CHECK(same_bits(params[0].detach(), before));  // nothing stepped
 }
 

@@ -48,9 +48,11 @@ int main(int argc, char** argv) {
   const auto ys = in.tensors("ys");
 
   torch::nn::Sequential model(
-      torch::nn::Linear(torch::nn::LinearOptions(in.integer("in_features"), in.integer("hidden")).bias(bias)),
+      torch::nn::Linear(
+          torch::nn::LinearOptions(in.integer("in_features"), in.integer("hidden")).bias(bias)),
       torch::nn::ReLU(),
-      torch::nn::Linear(torch::nn::LinearOptions(in.integer("hidden"), in.integer("out_features")).bias(bias)));
+      torch::nn::Linear(
+          torch::nn::LinearOptions(in.integer("hidden"), in.integer("out_features")).bias(bias)));
   {
     torch::NoGradGuard no_grad;
     auto first = model[0]->as<torch::nn::LinearImpl>();
@@ -98,7 +100,8 @@ int main(int argc, char** argv) {
     put(step, "loss", loss);
     put(step, "output", output);
     put(step, "grad_input", x.grad());
-    for (size_t i = 0; i < params.size(); ++i) put(step, "grad" + std::to_string(i), params[i].grad());
+    for (size_t i = 0; i < params.size(); ++i)
+      put(step, "grad" + std::to_string(i), params[i].grad());
     if (scaler) {
       scaler->step(optimizer);
       scaler->update();

@@ -113,8 +113,8 @@ void record(c10::impl::GenericDict& out, int64_t step, const std::vector<torch::
       put("max_exp_avg_sq", i, adam->max_exp_avg_sq());
       put("master_weight", i, adam->master_weight());
       put("kahan_comp", i, adam->kahan_comp());
-    } else if (const auto* lion = dynamic_cast<const amp::optim::FusedLionParamState*>(
-                   found->second.get())) {
+    } else if (const auto* lion =
+                   dynamic_cast<const amp::optim::FusedLionParamState*>(found->second.get())) {
       put("step", i, lion->step());
       put("exp_avg", i, lion->exp_avg());
       put("master_weight", i, lion->master_weight());

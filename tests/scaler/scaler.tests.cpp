@@ -7,8 +7,8 @@
 #include <set>
 #include <string>
 
-#include <amp/grad_scaler.h>
 #include <amp/detail/option_fields.h>
+#include <amp/grad_scaler.h>
 #include <amp/info.h>
 
 #include "scaler/validate.h"

@@ -84,11 +84,11 @@ namespace {
 
 struct SaturationStep {
   const char* what;
-  int32_t tracker;        // before the update
-  float found;            // the flag
-  int64_t interval;       // growth_interval
-  int32_t expected;       // amp's tracker after it
-  bool aten_wraps;        // whether ATen's tracker differs (wrapped to -2^31)
+  int32_t tracker;   // before the update
+  float found;       // the flag
+  int64_t interval;  // growth_interval
+  int32_t expected;  // amp's tracker after it
+  bool aten_wraps;   // whether ATen's tracker differs (wrapped to -2^31)
 };
 
 }  // namespace
@@ -111,7 +111,8 @@ void require_tracker_saturates(PlainUpdate update, c10::Device device) {
     at::Tensor scale = at::full({}, 1024.0f, on.dtype(at::kFloat));
     at::Tensor tracker = at::full({}, step.tracker, on.dtype(at::kInt));
     update(scale, tracker, at::full({}, step.found, on.dtype(at::kFloat)), step.interval);
-    at::Tensor aten_scale = at::full({}, 1024.0f), aten_tracker = at::full({}, step.tracker, at::kInt);
+    at::Tensor aten_scale = at::full({}, 1024.0f),
+               aten_tracker = at::full({}, step.tracker, at::kInt);
     at::_amp_update_scale_(aten_scale, aten_tracker, at::full({}, step.found), 2.0, 0.5,
                            step.interval);
     CHECK(same_bits(scale.cpu(), aten_scale));

@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <string>
 
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/optim/sgd.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 
 #include <unistd.h>
 

@@ -17,7 +17,7 @@ int main() {
                   product.to(at::kFloat).equal(at::full({4, 4}, 4.0f)) &&
                   !at::autocast::is_autocast_enabled(c10::DeviceType::CPU) &&
                   amp::version() == AMP_VERSION_STRING;
-  std::cout << "amp " << amp::version() << ": mm under CPU autocast gave "
-            << product.scalar_type() << (ok ? " as expected\n" : ", expected BFloat16\n");
+  std::cout << "amp " << amp::version() << ": mm under CPU autocast gave " << product.scalar_type()
+            << (ok ? " as expected\n" : ", expected BFloat16\n");
   return ok ? 0 : 1;
 }
