@@ -27,9 +27,8 @@
 #include <torch/csrc/autograd/saved_variable.h>
 
 #include <amp/autocast.h>
-#include <amp/fp8.h>
 
-#include "checkpoint/delayed_scales.h"
+#include "checkpoint/recompute_context.h"
 #include "checkpoint/saved_tensor_hooks.h"
 
 namespace amp {
@@ -111,6 +110,12 @@ std::atomic<int64_t> next_outside_id{-2};
 class Frame;
 thread_local std::vector<std::pair<Frame*, bool /*recomputing*/>> active_frames;
 
+// register_recomputed_state's list: filled by static initializers before any checkpoint runs.
+std::vector<CaptureState>& recomputed_states() {
+  static std::vector<CaptureState> states;
+  return states;
+}
+
 // What autograd saves while a frame's function runs: in the forward, a holder and no tensor; in
 // the recomputation, the tensor itself, handed to the holder of the same position.
 class Frame : public std::enable_shared_from_this<Frame> {
@@ -137,8 +142,7 @@ class Frame : public std::enable_shared_from_this<Frame> {
                            at::autocast::get_autocast_dtype(device)});
     }
     cache_enabled_ = at::autocast::is_autocast_cache_enabled();
-    float8_ = fp8::is_float8_enabled();
-    weight_casts_ = fp8::current_weight_casts();
+    for (const CaptureState& capture : recomputed_states()) reenter_.push_back(capture());
   }
 
   // The forward's pack hook: a holder, no tensor.
@@ -209,16 +213,14 @@ class Frame : public std::enable_shared_from_this<Frame> {
   }
 
   void forward_completed() { forward_completed_ = true; }
-  std::optional<at::Tensor> replay_scale() {
-    TORCH_CHECK(replay_cursor_ < scales_.size(),
-                "amp::checkpoint: the recomputation casts more tensors to float8 with delayed "
-                "scaling (",
-                scales_.size() + 1,
+  std::optional<at::Tensor> replay(const char* what) {
+    TORCH_CHECK(replay_cursor_ < recorded_.size(), "amp::checkpoint: the recomputation makes more ",
+                what, " (", recorded_.size() + 1,
                 " so far) than the forward did; the checkpointed function must run the same "
-                "float8 layers both times.");
-    return scales_[replay_cursor_++];
+                "layers both times.");
+    return recorded_[replay_cursor_++];
   }
-  void record_scale(const at::Tensor& scale) { scales_.push_back(scale); }
+  void record(const at::Tensor& value) { recorded_.push_back(value); }
 
  private:
   void recompute(int64_t gid) {
@@ -249,7 +251,8 @@ class Frame : public std::enable_shared_from_this<Frame> {
                                                                .enabled(state.enabled)
                                                                .cache_enabled(cache_enabled_)));
       }
-      fp8::Float8AutocastGuard float8(float8_, weight_casts_);
+      std::vector<std::shared_ptr<void>> reentered;
+      for (const ReenterState& reenter : reenter_) reentered.push_back(reenter());
       at::AutoGradMode grad(true);
       RecomputeProvider provider(*this);
       SavedTensorHooksScope hooks(provider);
@@ -329,8 +332,8 @@ class Frame : public std::enable_shared_from_this<Frame> {
   std::optional<RngStates> rng_;
   std::vector<AutocastState> autocast_;
   bool cache_enabled_ = true;
-  bool float8_ = false;
-  fp8::WeightCasts weight_casts_ = fp8::WeightCasts::fresh;
+  // The registered states of the layers above (recompute_context.h), as the forward saw them.
+  std::vector<ReenterState> reenter_;
   std::vector<std::weak_ptr<Holder>> holders_;
   std::vector<TensorMetadata> metadata_;
   bool forward_completed_ = false;
@@ -339,8 +342,8 @@ class Frame : public std::enable_shared_from_this<Frame> {
   std::unordered_map<int64_t, std::unordered_map<size_t, at::Tensor>> recomputed_;
   std::unordered_map<int64_t, size_t> counter_;
   std::unordered_set<int64_t> recomputed_gids_;
-  int64_t gid_ = 0;  // of the recomputation running
-  std::vector<at::Tensor> scales_;
+  int64_t gid_ = 0;                   // of the recomputation running
+  std::vector<at::Tensor> recorded_;  // record_for_recomputation's values, in order
   size_t replay_cursor_ = 0;
   std::mutex mutex_;
 };
@@ -371,18 +374,23 @@ class ForwardProvider final : public SavedTensorHooksProvider {
 
 }  // namespace
 
-std::optional<at::Tensor> replayed_delayed_scale() {
+bool register_recomputed_state(CaptureState capture) {
+  recomputed_states().push_back(std::move(capture));
+  return true;
+}
+
+std::optional<at::Tensor> replayed_in_recomputation(const char* what) {
   // The innermost recomputation replays, whatever checkpoints its function opens again.
   for (auto it = active_frames.rbegin(); it != active_frames.rend(); ++it) {
-    if (it->second) return it->first->replay_scale();
+    if (it->second) return it->first->replay(what);
   }
   return std::nullopt;
 }
 
-void record_delayed_scale(const at::Tensor& scale) {
-  // Every enclosing checkpointed forward records it: each replays its whole function's casts.
+void record_for_recomputation(const at::Tensor& value) {
+  // Every enclosing checkpointed forward records it: each replays its whole function's values.
   for (auto& [frame, recomputing] : active_frames) {
-    if (!recomputing) frame->record_scale(scale);
+    if (!recomputing) frame->record(value);
   }
 }
 

@@ -14,7 +14,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>
 
-#include "fp8/scaling.h"
+#include "fp8/delayed_state.h"
 
 namespace amp::fp8::detail {
 namespace {

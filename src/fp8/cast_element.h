@@ -25,7 +25,8 @@ enum class ScaleAxis : int32_t {
 };
 
 // The functions have internal linkage in each file that includes them, as the optimizer rules'
-// element code does (src/optim/element.h), and as the bit helpers they call.
+// element code does (src/kernels/dtype.h, src/optim/engine/element.h), and as the bit helpers they
+// call.
 namespace {
 
 /// The largest finite value of the format (448 for e4m3fn, 57344 for e5m2).

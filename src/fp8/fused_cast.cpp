@@ -13,6 +13,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
+#include "kernels/dtype_of.h"
+
 namespace amp::fp8::detail {
 namespace {
 
@@ -47,16 +49,18 @@ float load(const T* data, int64_t index) {
 // Calls fn(T-typed pointer) for x's dtype.
 template <typename Fn>
 void with_input_type(const at::Tensor& x, const Fn& fn) {
-  switch (x.scalar_type()) {
-    case at::kFloat:
+  const auto dtype = kernels::dtype_of(x.scalar_type());
+  TORCH_CHECK(dtype && *dtype != kernels::Dtype::kDouble,
+              "amp::fp8: a float8 cast reads float32, bfloat16 or float16 tensors, not ",
+              x.scalar_type(), ".");
+  switch (*dtype) {
+    case kernels::Dtype::kFloat:
       return fn(static_cast<const float*>(x.storage().data()));
-    case at::kBFloat16:
+    case kernels::Dtype::kBFloat16:
       return fn(static_cast<const c10::BFloat16*>(x.storage().data()));
-    case at::kHalf:
-      return fn(static_cast<const c10::Half*>(x.storage().data()));
+    case kernels::Dtype::kHalf:
     default:
-      TORCH_CHECK(false, "amp::fp8: a float8 cast reads float32, bfloat16 or float16 tensors, not ",
-                  x.scalar_type(), ".");
+      return fn(static_cast<const c10::Half*>(x.storage().data()));
   }
 }
 

@@ -10,26 +10,14 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
-#include "checkpoint/delayed_scales.h"
+#include "checkpoint/recompute_context.h"
 #include "fp8/amax_batch.h"
+#include "fp8/delayed_state.h"
 
 namespace amp::fp8::detail {
 namespace {
 
 bool is_row_major(const at::Tensor& t) { return t.stride(0) > t.stride(1) && t.stride(1) == 1; }
-
-// The largest finite value of a float8 dtype (448 for e4m3fn, 57344 for e5m2).
-double fp8_max(c10::ScalarType fp8_dtype) {
-  switch (fp8_dtype) {
-    case c10::ScalarType::Float8_e4m3fn:
-      return 448.0;
-    case c10::ScalarType::Float8_e5m2:
-      return 57344.0;
-    default:
-      TORCH_CHECK(false, "amp::fp8: dtype must be Float8_e4m3fn or Float8_e5m2. Got ", fp8_dtype,
-                  ".");
-  }
-}
 
 }  // namespace
 
@@ -88,37 +76,17 @@ Float8Operand cast_dynamic(const at::Tensor& x, const CastConfig& config, int64_
   return out;
 }
 
-void update_delayed_scale(DelayedState& state, c10::ScalarType fp8_dtype,
-                          const DelayedScalingOptions& options) {
-  auto& history = state.amax_history;
-  // NaN-ignoring maximum, as Transformer Engine's fmaxf over the history.
-  const auto amax =
-      options.amax_compute_algo() == AmaxComputeAlgo::max
-          ? at::nan_to_num(history, 0.0, std::numeric_limits<double>::infinity()).max()
-          : history[0].clone();
-  // The history moves one place towards the front; the oldest entry is dropped and the newest
-  // (history[0], now last) stays in it, and history[0] is free for the next cast's amax.
-  history.copy_(at::roll(history, {-1}, {0}));
-  history[0].fill_(0.0);
-  const double scaled_max =
-      fp8_max(fp8_dtype) * std::ldexp(1.0, -static_cast<int>(options.margin()));
-  auto candidate = at::full({}, scaled_max, history.options()) / amax;
-  const auto usable = at::isfinite(amax).logical_and(amax > 0);
-  candidate = at::where(usable, candidate, state.scale);
-  candidate =
-      at::where(at::isinf(candidate),
-                at::full({}, std::numeric_limits<float>::max(), history.options()), candidate);
-  state.scale.copy_(candidate);
-}
-
 DelayedCastScale delayed_cast_scale(const DelayedState& state) {
   // In a checkpoint's recomputation the cast repeats the forward's: its scale, and no update of
-  // the history (amp::checkpoint records the scales in the forward; delayed_scales.h).
-  if (auto replayed = amp::detail::replayed_delayed_scale()) return {*replayed, true};
+  // the history (amp::checkpoint records the scales in the forward; recompute_context.h).
+  if (auto replayed =
+          amp::detail::replayed_in_recomputation("casts to float8 with delayed scaling")) {
+    return {*replayed, true};
+  }
   // A batched reduction's earlier amax of this tensor is applied before its scale is read.
   flush_if_waiting(state);
   auto scale = state.scale.clone();
-  amp::detail::record_delayed_scale(scale);
+  amp::detail::record_for_recomputation(scale);
   return {scale, false};
 }
 

@@ -9,6 +9,8 @@
 
 #include <amp/fp8.h>
 
+#include "fp8/delayed_state.h"
+
 namespace amp::fp8::detail {
 
 /// A tensor cast to float8 with its scale (exported with cast_delayed for the unit tests):
@@ -53,12 +55,6 @@ AMP_EXPORT at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale,
 AMP_EXPORT Float8Operand cast_dynamic(const at::Tensor& x, const CastConfig& config, int64_t axis,
                                       bool power_of_2);
 
-/// One operand's delayed-scaling state: float32 history [len] and scale [], updated in place.
-struct DelayedState {
-  at::Tensor amax_history;
-  at::Tensor scale;
-};
-
 /// The scale a delayed cast quantises with: in a checkpoint's recomputation the forward's cast's
 /// (`replayed`: the history must not move), otherwise a copy of state.scale (the operand's
 /// dequantisation factor must not see the update that follows), recorded for a recomputation.
@@ -67,10 +63,6 @@ struct DelayedCastScale {
   bool replayed = false;
 };
 DelayedCastScale delayed_cast_scale(const DelayedState& state);
-
-/// The history-and-scale update of a delayed cast whose (reduced) amax is already in history[0].
-void update_delayed_scale(DelayedState& state, c10::ScalarType fp8_dtype,
-                          const DelayedScalingOptions& options);
 
 /// The end of a delayed cast: `amax` (float32, 0-dim, NaN already ignored) reduced across ranks
 /// when the options say so, entered into the history, and the scale updated from it. With a

@@ -31,7 +31,7 @@ struct CpuKernels {
   Fn avx512;
 
   /// The function for cpu_capability().
-  Fn pick() const {
+  Fn for_this_cpu() const {
     switch (cpu_capability()) {
       case CpuCapability::kAvx512:
         return avx512;

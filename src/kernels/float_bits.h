@@ -9,7 +9,8 @@
 
 namespace amp::kernels {
 // Internal linkage, as the element code that includes it: a CPU loop built once per instruction
-// set must not share an out-of-line copy with another build (src/optim/element.h).
+// set must not share an out-of-line copy with another build (src/kernels/dtype.h,
+// src/optim/engine/element.h).
 namespace {
 
 AMP_HOST_DEVICE_INLINE uint32_t float_bits(float value) {

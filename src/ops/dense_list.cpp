@@ -1,6 +1,8 @@
 // DenseList: the list kernels' flat view of a tensor list (see dense_list.h).
 #include "ops/dense_list.h"
 
+#include "kernels/dtype_of.h"
+
 namespace amp::detail {
 
 DenseList::DenseList(at::TensorList tensors) {
@@ -13,7 +15,7 @@ DenseList::DenseList(at::TensorList tensors) {
       dense = t.contiguous();
       copies_.emplace_back(t, dense);
     }
-    flat_.push_back(FlatTensor{dense.data_ptr(), dense.numel(), elem_type(t.scalar_type()),
+    flat_.push_back(FlatTensor{dense.data_ptr(), dense.numel(), *kernels::dtype_of(t.scalar_type()),
                                static_cast<int64_t>(i)});
   }
 }

@@ -1,26 +1,21 @@
-// The vocabulary amp's CPU and CUDA kernels share: element types, what a list pass does, and the
-// clip factor. No ATen here but for the dtype mapping, which nvcc never sees.
+// What amp's CPU and CUDA list kernels share: a list's tensors as flat arrays of the kernels'
+// dtypes (kernels/dtype.h), what a list pass does, and the clip factor. No ATen here: nvcc reads it
+// too.
 #pragma once
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define AMP_HOST_DEVICE __host__ __device__
-#else
-#define AMP_HOST_DEVICE
-#include <c10/core/ScalarType.h>
-#endif
+#include "kernels/dtype.h"
+#include "kernels/host_device.h"
 
 namespace amp::detail {
-
-/// Element types of the list kernels (float16/bfloat16 computed in float32, float64 in float64).
-enum class ElemType : uint8_t { kFloat, kHalf, kBFloat16, kDouble };
 
 /// One non-empty tensor of a list as a flat dense array (memory order: the ops are elementwise).
 struct FlatTensor {
   void* data;
   int64_t numel;
-  ElemType type;
+  /// float16/bfloat16 computed in float32, float64 in float64.
+  kernels::Dtype type;
   /// Position in the caller's list (for attribution and per-tensor norms).
   int64_t index;
 };
@@ -43,22 +38,5 @@ inline AMP_HOST_DEVICE float clip_factor(float inv_scale, float total_norm, floa
   const float coef = max_norm / (total_norm + eps);
   return inv_scale * (coef < 1.0f ? coef : 1.0f);
 }
-
-#if !defined(__CUDACC__)
-/// The element type of a dtype the ops' argument checks accepted (float32, float16, bfloat16,
-/// float64).
-inline ElemType elem_type(c10::ScalarType dtype) {
-  switch (dtype) {
-    case c10::ScalarType::Half:
-      return ElemType::kHalf;
-    case c10::ScalarType::BFloat16:
-      return ElemType::kBFloat16;
-    case c10::ScalarType::Double:
-      return ElemType::kDouble;
-    default:
-      return ElemType::kFloat;
-  }
-}
-#endif
 
 }  // namespace amp::detail

@@ -8,6 +8,7 @@
 
 #include <amp/optim/adam.h>
 
+#include "optim/field_list.h"
 #include "optim/fused_optimizer.h"
 
 namespace amp::optim {
@@ -33,58 +34,21 @@ void check_adam(const AdamOptions& options, const std::string& where) {
               ": betas[1] must be in [0, 1). Got betas[1]=", beta2, "; the default is 0.999.");
 }
 
-// Python's rule: each option the group set, the others from the optimizer's defaults.
+// The fields of FusedAdamOptions and FusedAdamWOptions: LibTorch's AdamOptions entries first
+// (torch::optim::Adam/AdamW read them), then maximize and capturable, which its archives lack.
 template <typename AdamOptions>
-AdamOptions merge_adam(const AdamOptions& group, const AdamOptions& defaults) {
-  AdamOptions merged = defaults;
-  AMP_TAKE_IF_SET(merged, group, lr);
-  AMP_TAKE_IF_SET(merged, group, betas);
-  AMP_TAKE_IF_SET(merged, group, eps);
-  AMP_TAKE_IF_SET(merged, group, weight_decay);
-  AMP_TAKE_IF_SET(merged, group, amsgrad);
-  AMP_TAKE_IF_SET(merged, group, maximize);
-  AMP_TAKE_IF_SET(merged, group, capturable);
-  detail::merge_low_precision(merged, group);
-  return merged;
+const auto& adam_fields() {
+  static const detail::OptionList fields(AMP_OPTIMIZER_FIELD(AdamOptions, lr, kYes),
+                                         AMP_OPTIMIZER_FIELD(AdamOptions, betas, kYes),
+                                         AMP_OPTIMIZER_FIELD(AdamOptions, eps, kYes),
+                                         AMP_OPTIMIZER_FIELD(AdamOptions, weight_decay, kYes),
+                                         AMP_OPTIMIZER_FIELD(AdamOptions, amsgrad, kYes),
+                                         AMP_OPTIMIZER_FIELD(AdamOptions, maximize, kNo),
+                                         AMP_OPTIMIZER_FIELD(AdamOptions, capturable, kNo));
+  return fields;
 }
 
-template <typename AdamOptions>
-bool equal_adam(const AdamOptions& lhs, const AdamOptions& rhs) {
-  return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() && lhs.eps() == rhs.eps() &&
-         lhs.weight_decay() == rhs.weight_decay() && lhs.amsgrad() == rhs.amsgrad() &&
-         lhs.maximize() == rhs.maximize() && lhs.capturable() == rhs.capturable() &&
-         detail::equal_low_precision(lhs, rhs);
-}
-
-template <typename AdamOptions>
-void write_adam_options(const AdamOptions& options, OutputArchive& archive) {
-  // LibTorch's AdamOptions entries first, so torch::optim::Adam/AdamW can read them.
-  archive.write("lr", c10::IValue(options.lr()));
-  archive.write("betas", c10::IValue(options.betas()));
-  archive.write("eps", c10::IValue(options.eps()));
-  archive.write("weight_decay", c10::IValue(options.weight_decay()));
-  archive.write("amsgrad", c10::IValue(options.amsgrad()));
-  archive.write("maximize", c10::IValue(options.maximize()));
-  archive.write("capturable", c10::IValue(options.capturable()));
-  detail::write_low_precision(options, archive);
-}
-
-template <typename AdamOptions>
-void read_adam_options(AdamOptions& options, InputArchive& archive) {
-  using detail::read_bool;
-  using detail::read_double;
-  options.lr(read_double(archive, "lr", true, 0.0))
-      .betas(detail::read_betas(archive))
-      .eps(read_double(archive, "eps", true, 0.0))
-      .weight_decay(read_double(archive, "weight_decay", true, 0.0))
-      .amsgrad(read_bool(archive, "amsgrad", true, false))
-      // Absent from LibTorch's checkpoints.
-      .maximize(read_bool(archive, "maximize", false, false))
-      .capturable(read_bool(archive, "capturable", false, false));
-  detail::read_low_precision(options, archive);
-}
-
-// ---- the step and the checkpoint state, for both types ----
+// ---- the step and the saved state, for both types ----
 
 using detail::StateMap;
 
@@ -115,32 +79,25 @@ void adam_low_precision(StateMap& states, const AdamOptions& o, bool decoupled,
                         const detail::ParamPositions& positions,
                         const std::optional<at::Tensor>& grad_scale,
                         const std::optional<at::Tensor>& found_inf, const std::string& where) {
-  std::vector<detail::StepSlot> slots;
-  for (const at::Tensor& param : params) {
-    detail::check_low_precision_param(param, positions.of(param), where);
-    auto& entry = states[param.unsafeGetTensorImpl()];
-    if (!entry) entry = std::make_unique<FusedAdamParamState>();
-    auto& state = static_cast<FusedAdamParamState&>(*entry);
-    at::Tensor step = state.step(), master = state.master_weight(), comp = state.kahan_comp();
-    detail::StepSlot slot =
-        detail::engine_slot(param, positions.of(param), step, master, comp, plan);
-    state.step(step).master_weight(master).kahan_comp(comp);
-    const c10::ScalarType dtype = plan.state_dtype;
-    state.exp_avg(detail::state_tensor(state.exp_avg(), param, dtype));
-    state.exp_avg_sq(detail::state_tensor(state.exp_avg_sq(), param, dtype));
-    if (o.amsgrad())
-      state.max_exp_avg_sq(detail::state_tensor(state.max_exp_avg_sq(), param, dtype));
-    slot.state0 = state.exp_avg();
-    slot.state1 = state.exp_avg_sq();
-    slot.state2 = o.amsgrad() ? state.max_exp_avg_sq() : at::Tensor();
-    slots.push_back(std::move(slot));
-  }
+  using Rule = detail::engine::AdamRule;
+  const auto slots = detail::engine_slots<FusedAdamParamState>(
+      states, params, positions, plan, where,
+      [&](FusedAdamParamState& state, const at::Tensor& param, detail::StepSlot& slot) {
+        const c10::ScalarType dtype = plan.state_dtype;
+        state.exp_avg(detail::state_tensor(state.exp_avg(), param, dtype));
+        state.exp_avg_sq(detail::state_tensor(state.exp_avg_sq(), param, dtype));
+        if (o.amsgrad()) {
+          state.max_exp_avg_sq(detail::state_tensor(state.max_exp_avg_sq(), param, dtype));
+        }
+        slot.state[Rule::kExpAvg] = state.exp_avg();
+        slot.state[Rule::kExpAvgSq] = state.exp_avg_sq();
+        if (o.amsgrad()) slot.state[Rule::kMaxExpAvgSq] = state.max_exp_avg_sq();
+      });
   const auto [beta1, beta2] = o.betas();
-  detail::run_rule_step<detail::lp::AdamRule>(
-      slots,
-      detail::AdamHyper{o.lr(), beta1, beta2, o.eps(), o.weight_decay(), o.amsgrad(), o.maximize(),
-                        decoupled},
-      detail::step_args(o, plan, grad_scale, found_inf));
+  detail::run_rule_step<Rule>(slots,
+                              detail::AdamHyper{o.lr(), beta1, beta2, o.eps(), o.weight_decay(),
+                                                o.amsgrad(), o.maximize(), decoupled},
+                              detail::step_args(o, plan, grad_scale, found_inf));
 }
 
 // One group's step; `decoupled` is AdamW's weight decay, `lr_tensor` the capturable lr.
@@ -209,16 +166,8 @@ std::unique_ptr<FusedAdamParamState> adam_loaded_state(const at::Tensor& param,
   state->exp_avg(moved(saved.exp_avg(), "exp_avg"));
   state->exp_avg_sq(moved(saved.exp_avg_sq(), "exp_avg_sq"));
   state->max_exp_avg_sq(moved(saved.max_exp_avg_sq(), "max_exp_avg_sq"));
-  // Kept only where the loaded options use them (the first step creates them when missing).
-  const auto plan = detail::low_precision_plan(options, param.scalar_type());
-  if (plan && plan->write_back == detail::WriteBack::kMasterWeights) {
-    state->master_weight(detail::loaded_state_tensor(saved.master_weight(), param, at::kFloat,
-                                                     "master_weight", where));
-  }
-  if (plan && plan->write_back == detail::WriteBack::kKahan) {
-    state->kahan_comp(detail::loaded_state_tensor(saved.kahan_comp(), param, param.scalar_type(),
-                                                  "kahan_comp", where));
-  }
+  detail::load_write_back_state(*state, saved, param,
+                                detail::low_precision_plan(options, param.scalar_type()), where);
   return state;
 }
 
@@ -229,61 +178,26 @@ std::unique_ptr<FusedAdamParamState> adam_loaded_state(const at::Tensor& param,
 FusedAdamOptions::FusedAdamOptions(double lr) { this->lr(lr); }
 FusedAdamWOptions::FusedAdamWOptions(double lr) { this->lr(lr); }
 
-void FusedAdamOptions::serialize(OutputArchive& archive) const {
-  write_adam_options(*this, archive);
-}
-void FusedAdamOptions::serialize(InputArchive& archive) { read_adam_options(*this, archive); }
-void FusedAdamWOptions::serialize(OutputArchive& archive) const {
-  write_adam_options(*this, archive);
-}
-void FusedAdamWOptions::serialize(InputArchive& archive) { read_adam_options(*this, archive); }
+namespace {
 
-bool operator==(const FusedAdamOptions& lhs, const FusedAdamOptions& rhs) {
-  return equal_adam(lhs, rhs);
-}
-bool operator==(const FusedAdamWOptions& lhs, const FusedAdamWOptions& rhs) {
-  return equal_adam(lhs, rhs);
-}
-
-void FusedAdamParamState::serialize(OutputArchive& archive) const {
-  // LibTorch's AdamParamState keeps the count as an int64: written that way, each library reads
-  // the other's checkpoints. The count is exact in float32 up to 2^24 steps.
-  archive.write("step", c10::IValue(step().defined() ? static_cast<int64_t>(step().item<float>())
-                                                     : int64_t{0}));
-  detail::write_tensor(archive, "exp_avg", exp_avg());
-  detail::write_tensor(archive, "exp_avg_sq", exp_avg_sq());
-  detail::write_tensor(archive, "max_exp_avg_sq", max_exp_avg_sq());
-  detail::write_tensor(archive, "master_weight", master_weight());
-  detail::write_tensor(archive, "kahan_comp", kahan_comp());
+// FusedAdamParamState's tensors: LibTorch's AdamParamState entries (the step count as its int64),
+// then the low-precision options' (LibTorch's Adam reads past them).
+const auto& adam_state_fields() {
+  static const detail::StateList fields(
+      AMP_STATE_FIELD(FusedAdamParamState, step, kStepCount),
+      AMP_STATE_FIELD(FusedAdamParamState, exp_avg, kTensor),
+      AMP_STATE_FIELD(FusedAdamParamState, exp_avg_sq, kTensor),
+      AMP_STATE_FIELD(FusedAdamParamState, max_exp_avg_sq, kTensor),
+      AMP_STATE_FIELD(FusedAdamParamState, master_weight, kTensor),
+      AMP_STATE_FIELD(FusedAdamParamState, kahan_comp, kTensor));
+  return fields;
 }
 
-void FusedAdamParamState::serialize(InputArchive& archive) {
-  c10::IValue count;
-  TORCH_CHECK(archive.try_read("step", count), "a state entry has no \"step\"");
-  if (count.isInt()) {
-    TORCH_CHECK(count.toInt() >= 0 && count.toInt() <= (int64_t{1} << 24),
-                "a state entry's step count ", count.toInt(), " is outside [0, 2^24]");
-    step(at::full({}, static_cast<double>(count.toInt()), at::kFloat));
-  } else {
-    TORCH_CHECK(count.isTensor() && count.toTensor().numel() == 1,
-                "a state entry's \"step\" is neither an integer nor a 1-element tensor");
-    step(count.toTensor().reshape(at::IntArrayRef{}).to(at::kFloat));
-  }
-  exp_avg(detail::read_tensor(archive, "exp_avg"));
-  exp_avg_sq(detail::read_tensor(archive, "exp_avg_sq"));
-  max_exp_avg_sq(detail::read_tensor(archive, "max_exp_avg_sq"));
-  master_weight(detail::read_tensor(archive, "master_weight"));
-  kahan_comp(detail::read_tensor(archive, "kahan_comp"));
-}
+}  // namespace
 
-bool operator==(const FusedAdamParamState& lhs, const FusedAdamParamState& rhs) {
-  return detail::same_tensor(lhs.step(), rhs.step()) &&
-         detail::same_tensor(lhs.exp_avg(), rhs.exp_avg()) &&
-         detail::same_tensor(lhs.exp_avg_sq(), rhs.exp_avg_sq()) &&
-         detail::same_tensor(lhs.max_exp_avg_sq(), rhs.max_exp_avg_sq()) &&
-         detail::same_tensor(lhs.master_weight(), rhs.master_weight()) &&
-         detail::same_tensor(lhs.kahan_comp(), rhs.kahan_comp());
-}
+AMP_OPTIONS_FROM_FIELDS(FusedAdamOptions, adam_fields<FusedAdamOptions>)
+AMP_OPTIONS_FROM_FIELDS(FusedAdamWOptions, adam_fields<FusedAdamWOptions>)
+AMP_STATE_FROM_FIELDS(FusedAdamParamState, adam_state_fields)
 
 // ---- the optimizers ----
 
@@ -309,68 +223,40 @@ void step_adam_group(StateMap& states, const Options& options, const detail::Gro
 
 }  // namespace
 
-void FusedAdam::check_options(const FusedAdamOptions& options, const std::string& where) const {
-  check_adam(options, where);
-}
-void FusedAdamW::check_options(const FusedAdamWOptions& options, const std::string& where) const {
-  check_adam(options, where);
-}
+// FusedAdam and FusedAdamW differ only in their options type (AdamW's decoupled weight decay):
+// their constructors and four hooks are the templates above, written once for both.
+#define AMP_DEFINE_ADAM_OPTIMIZER(Optimizer)                                                      \
+  Optimizer::Optimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups,               \
+                       Optimizer##Options defaults)                                               \
+      : FusedOptimizer(#Optimizer, defaults) {                                                    \
+    add_param_groups(std::move(param_groups));                                                    \
+  }                                                                                               \
+  Optimizer::Optimizer(std::vector<at::Tensor> params, Optimizer##Options defaults)               \
+      : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {} \
+  void Optimizer::check_options(const Optimizer##Options& options, const std::string& where)      \
+      const {                                                                                     \
+    check_adam(options, where);                                                                   \
+  }                                                                                               \
+  Optimizer##Options Optimizer::merge_options(const Optimizer##Options& group,                    \
+                                              const Optimizer##Options& defaults) const {         \
+    return adam_fields<Optimizer##Options>().merge(group, defaults);                              \
+  }                                                                                               \
+  void Optimizer::step_group(                                                                     \
+      size_t group_index, const Optimizer##Options& options, const detail::GroupWork& work,       \
+      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {  \
+    step_adam_group(state_, options, work, grad_scale, found_inf, param_groups_,                  \
+                    detail::group_where(name(), group_index),                                     \
+                    [&] { return lr_tensor(group_index, options.lr(), work.device); });           \
+  }                                                                                               \
+  std::unique_ptr<FusedAdamParamState> Optimizer::loaded_state(                                   \
+      const at::Tensor& param, const FusedAdamParamState& saved,                                  \
+      const Optimizer##Options& options, const std::string& where) const {                        \
+    return adam_loaded_state(param, saved, options, where);                                       \
+  }
 
-FusedAdamOptions FusedAdam::merge_options(const FusedAdamOptions& group,
-                                          const FusedAdamOptions& defaults) const {
-  return merge_adam(group, defaults);
-}
-FusedAdamWOptions FusedAdamW::merge_options(const FusedAdamWOptions& group,
-                                            const FusedAdamWOptions& defaults) const {
-  return merge_adam(group, defaults);
-}
+AMP_DEFINE_ADAM_OPTIMIZER(FusedAdam)
+AMP_DEFINE_ADAM_OPTIMIZER(FusedAdamW)
 
-void FusedAdam::step_group(size_t group_index, const FusedAdamOptions& options,
-                           const detail::GroupWork& work,
-                           const std::optional<at::Tensor>& grad_scale,
-                           const std::optional<at::Tensor>& found_inf) {
-  step_adam_group(state_, options, work, grad_scale, found_inf, param_groups_,
-                  detail::group_where(name(), group_index),
-                  [&] { return lr_tensor(group_index, options.lr(), work.device); });
-}
-void FusedAdamW::step_group(size_t group_index, const FusedAdamWOptions& options,
-                            const detail::GroupWork& work,
-                            const std::optional<at::Tensor>& grad_scale,
-                            const std::optional<at::Tensor>& found_inf) {
-  step_adam_group(state_, options, work, grad_scale, found_inf, param_groups_,
-                  detail::group_where(name(), group_index),
-                  [&] { return lr_tensor(group_index, options.lr(), work.device); });
-}
-
-std::unique_ptr<FusedAdamParamState> FusedAdam::loaded_state(const at::Tensor& param,
-                                                             const FusedAdamParamState& saved,
-                                                             const FusedAdamOptions& options,
-                                                             const std::string& where) const {
-  return adam_loaded_state(param, saved, options, where);
-}
-std::unique_ptr<FusedAdamParamState> FusedAdamW::loaded_state(const at::Tensor& param,
-                                                              const FusedAdamParamState& saved,
-                                                              const FusedAdamWOptions& options,
-                                                              const std::string& where) const {
-  return adam_loaded_state(param, saved, options, where);
-}
-
-FusedAdam::FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-                     FusedAdamOptions defaults)
-    : FusedOptimizer("FusedAdam", defaults) {
-  add_param_groups(std::move(param_groups));
-}
-
-FusedAdam::FusedAdam(std::vector<at::Tensor> params, FusedAdamOptions defaults)
-    : FusedAdam({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
-
-FusedAdamW::FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-                       FusedAdamWOptions defaults)
-    : FusedOptimizer("FusedAdamW", defaults) {
-  add_param_groups(std::move(param_groups));
-}
-
-FusedAdamW::FusedAdamW(std::vector<at::Tensor> params, FusedAdamWOptions defaults)
-    : FusedAdamW({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+#undef AMP_DEFINE_ADAM_OPTIMIZER
 
 }  // namespace amp::optim

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include "optim/field_list.h"
 #include "optim/fused_optimizer.h"
 
 namespace amp::optim {
@@ -17,54 +18,31 @@ using torch::serialize::OutputArchive;
 
 FusedLionOptions::FusedLionOptions(double lr) { this->lr(lr); }
 
-void FusedLionOptions::serialize(OutputArchive& archive) const {
-  archive.write("lr", c10::IValue(lr()));
-  archive.write("betas", c10::IValue(betas()));
-  archive.write("weight_decay", c10::IValue(weight_decay()));
-  archive.write("maximize", c10::IValue(maximize()));
-  detail::write_low_precision(*this, archive);
+namespace {
+
+// FusedLionOptions' fields: lion-pytorch's options (LibTorch has no Lion) and maximize.
+const auto& lion_fields() {
+  static const detail::OptionList fields(AMP_OPTIMIZER_FIELD(FusedLionOptions, lr, kYes),
+                                         AMP_OPTIMIZER_FIELD(FusedLionOptions, betas, kYes),
+                                         AMP_OPTIMIZER_FIELD(FusedLionOptions, weight_decay, kYes),
+                                         AMP_OPTIMIZER_FIELD(FusedLionOptions, maximize, kNo));
+  return fields;
 }
 
-void FusedLionOptions::serialize(InputArchive& archive) {
-  using detail::read_bool;
-  using detail::read_double;
-  lr(read_double(archive, "lr", true, 0.0))
-      .betas(detail::read_betas(archive))
-      .weight_decay(read_double(archive, "weight_decay", true, 0.0))
-      .maximize(read_bool(archive, "maximize", false, false));
-  detail::read_low_precision(*this, archive);
+// FusedLionParamState's tensors.
+const auto& lion_state_fields() {
+  static const detail::StateList fields(
+      AMP_STATE_FIELD(FusedLionParamState, step, kStepCount),
+      AMP_STATE_FIELD(FusedLionParamState, exp_avg, kTensor),
+      AMP_STATE_FIELD(FusedLionParamState, master_weight, kTensor),
+      AMP_STATE_FIELD(FusedLionParamState, kahan_comp, kTensor));
+  return fields;
 }
 
-bool operator==(const FusedLionOptions& lhs, const FusedLionOptions& rhs) {
-  return lhs.lr() == rhs.lr() && lhs.betas() == rhs.betas() &&
-         lhs.weight_decay() == rhs.weight_decay() && lhs.maximize() == rhs.maximize() &&
-         detail::equal_low_precision(lhs, rhs);
-}
+}  // namespace
 
-void FusedLionParamState::serialize(OutputArchive& archive) const {
-  archive.write("step", c10::IValue(step().defined() ? static_cast<int64_t>(step().item<float>())
-                                                     : int64_t{0}));
-  detail::write_tensor(archive, "exp_avg", exp_avg());
-  detail::write_tensor(archive, "master_weight", master_weight());
-  detail::write_tensor(archive, "kahan_comp", kahan_comp());
-}
-
-void FusedLionParamState::serialize(InputArchive& archive) {
-  const int64_t count = detail::read_int(archive, "step", true, 0);
-  TORCH_CHECK(count >= 0 && count <= (int64_t{1} << 24), "a state entry's step count ", count,
-              " is outside [0, 2^24]");
-  step(at::full({}, static_cast<double>(count), at::kFloat));
-  exp_avg(detail::read_tensor(archive, "exp_avg"));
-  master_weight(detail::read_tensor(archive, "master_weight"));
-  kahan_comp(detail::read_tensor(archive, "kahan_comp"));
-}
-
-bool operator==(const FusedLionParamState& lhs, const FusedLionParamState& rhs) {
-  return detail::same_tensor(lhs.step(), rhs.step()) &&
-         detail::same_tensor(lhs.exp_avg(), rhs.exp_avg()) &&
-         detail::same_tensor(lhs.master_weight(), rhs.master_weight()) &&
-         detail::same_tensor(lhs.kahan_comp(), rhs.kahan_comp());
-}
+AMP_OPTIONS_FROM_FIELDS(FusedLionOptions, lion_fields)
+AMP_STATE_FROM_FIELDS(FusedLionParamState, lion_state_fields)
 
 // ---- the optimizer ----
 
@@ -116,14 +94,7 @@ void FusedLion::check_options(const FusedLionOptions& options, const std::string
 
 FusedLionOptions FusedLion::merge_options(const FusedLionOptions& group,
                                           const FusedLionOptions& defaults) const {
-  // Python's rule: each option the group set, the others from the optimizer's defaults.
-  FusedLionOptions merged = defaults;
-  AMP_TAKE_IF_SET(merged, group, lr);
-  AMP_TAKE_IF_SET(merged, group, betas);
-  AMP_TAKE_IF_SET(merged, group, weight_decay);
-  AMP_TAKE_IF_SET(merged, group, maximize);
-  detail::merge_low_precision(merged, group);
-  return merged;
+  return lion_fields().merge(group, defaults);
 }
 
 void FusedLion::step_group(size_t group_index, const FusedLionOptions& o,
@@ -137,22 +108,14 @@ void FusedLion::step_group(size_t group_index, const FusedLionOptions& o,
   for (const auto& [dtype, params] : work.params_by_dtype) {
     check_lion_dtype(dtype, where);
     const detail::LowPrecisionPlan plan = lion_plan(o, dtype);
-    std::vector<detail::StepSlot> slots;
-    for (const at::Tensor& param : params) {
-      detail::check_low_precision_param(param, positions.of(param), where);
-      auto& entry = state_[param.unsafeGetTensorImpl()];
-      if (!entry) entry = std::make_unique<FusedLionParamState>();
-      auto& state = static_cast<FusedLionParamState&>(*entry);
-      at::Tensor step = state.step(), master = state.master_weight(), comp = state.kahan_comp();
-      detail::StepSlot slot =
-          detail::engine_slot(param, positions.of(param), step, master, comp, plan);
-      state.step(step).master_weight(master).kahan_comp(comp);
-      state.exp_avg(detail::state_tensor(state.exp_avg(), param, plan.state_dtype));
-      slot.state0 = state.exp_avg();
-      slots.push_back(std::move(slot));
-    }
-    detail::run_rule_step<detail::lp::LionRule>(slots, hyper,
-                                                detail::step_args(o, plan, grad_scale, found_inf));
+    using Rule = detail::engine::LionRule;
+    const auto slots = detail::engine_slots<FusedLionParamState>(
+        state_, params, positions, plan, where,
+        [&](FusedLionParamState& state, const at::Tensor& param, detail::StepSlot& slot) {
+          state.exp_avg(detail::state_tensor(state.exp_avg(), param, plan.state_dtype));
+          slot.state[Rule::kExpAvg] = state.exp_avg();
+        });
+    detail::run_rule_step<Rule>(slots, hyper, detail::step_args(o, plan, grad_scale, found_inf));
   }
 }
 
@@ -168,14 +131,7 @@ std::unique_ptr<FusedLionParamState> FusedLion::loaded_state(const at::Tensor& p
   state->step(saved.step().to(param.device(), at::kFloat, false, /*copy=*/true));
   state->exp_avg(
       detail::loaded_state_tensor(saved.exp_avg(), param, plan.state_dtype, "exp_avg", where));
-  if (plan.write_back == detail::WriteBack::kMasterWeights) {
-    state->master_weight(detail::loaded_state_tensor(saved.master_weight(), param, at::kFloat,
-                                                     "master_weight", where));
-  }
-  if (plan.write_back == detail::WriteBack::kKahan) {
-    state->kahan_comp(detail::loaded_state_tensor(saved.kahan_comp(), param, param.scalar_type(),
-                                                  "kahan_comp", where));
-  }
+  detail::load_write_back_state(*state, saved, param, plan, where);
   return state;
 }
 

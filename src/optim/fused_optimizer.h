@@ -17,14 +17,11 @@
 
 #include <amp/detail/fused_optimizer.h>
 
-#include "optim/checkpoint.h"
+#include "optim/archive_io.h"
 #include "optim/low_precision.h"
 #include "optim/param_groups.h"
 
 namespace amp::optim::detail {
-
-/// An optimizer's per-parameter state, as torch::optim::Optimizer keeps it (keyed by TensorImpl).
-using StateMap = ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>;
 
 /// The scale and flag handed over by GradScaler for this step, moved to each device at most once
 /// (no copy when already there). Both empty when no scaler is involved.

@@ -6,6 +6,7 @@
 
 #include <amp/optim/sgd.h>
 
+#include "optim/field_list.h"
 #include "optim/fused_optimizer.h"
 
 namespace amp::optim {
@@ -17,59 +18,36 @@ using torch::serialize::OutputArchive;
 
 FusedSGDOptions::FusedSGDOptions(double lr) { this->lr(lr); }
 
-void FusedSGDOptions::serialize(OutputArchive& archive) const {
-  archive.write("lr", c10::IValue(lr()));
-  archive.write("momentum", c10::IValue(momentum()));
-  archive.write("dampening", c10::IValue(dampening()));
-  archive.write("weight_decay", c10::IValue(weight_decay()));
-  archive.write("nesterov", c10::IValue(nesterov()));
-  archive.write("maximize", c10::IValue(maximize()));
-  archive.write("capturable", c10::IValue(capturable()));
-  detail::write_low_precision(*this, archive);
+namespace {
+
+// FusedSGDOptions' fields: LibTorch's SGDOptions entries first (torch::optim::SGD reads them),
+// then maximize and capturable, which its archives lack.
+const auto& sgd_fields() {
+  static const detail::OptionList fields(AMP_OPTIMIZER_FIELD(FusedSGDOptions, lr, kYes),
+                                         AMP_OPTIMIZER_FIELD(FusedSGDOptions, momentum, kYes),
+                                         AMP_OPTIMIZER_FIELD(FusedSGDOptions, dampening, kYes),
+                                         AMP_OPTIMIZER_FIELD(FusedSGDOptions, weight_decay, kYes),
+                                         AMP_OPTIMIZER_FIELD(FusedSGDOptions, nesterov, kYes),
+                                         AMP_OPTIMIZER_FIELD(FusedSGDOptions, maximize, kNo),
+                                         AMP_OPTIMIZER_FIELD(FusedSGDOptions, capturable, kNo));
+  return fields;
 }
 
-void FusedSGDOptions::serialize(InputArchive& archive) {
-  using detail::read_bool;
-  using detail::read_double;
-  lr(read_double(archive, "lr", true, 0.0))
-      .momentum(read_double(archive, "momentum", true, 0.0))
-      .dampening(read_double(archive, "dampening", true, 0.0))
-      .weight_decay(read_double(archive, "weight_decay", true, 0.0))
-      .nesterov(read_bool(archive, "nesterov", true, false))
-      // Absent from LibTorch's checkpoints.
-      .maximize(read_bool(archive, "maximize", false, false))
-      .capturable(read_bool(archive, "capturable", false, false));
-  detail::read_low_precision(*this, archive);
+// FusedSGDParamState's tensors: LibTorch's SGDParamState entry, then the low-precision options'
+// (LibTorch's SGD reads past them; the step count, a tensor here, exists only under them).
+const auto& sgd_state_fields() {
+  static const detail::StateList fields(
+      AMP_STATE_FIELD(FusedSGDParamState, momentum_buffer, kTensor),
+      AMP_STATE_FIELD(FusedSGDParamState, step, kTensor),
+      AMP_STATE_FIELD(FusedSGDParamState, master_weight, kTensor),
+      AMP_STATE_FIELD(FusedSGDParamState, kahan_comp, kTensor));
+  return fields;
 }
 
-bool operator==(const FusedSGDOptions& lhs, const FusedSGDOptions& rhs) {
-  return lhs.lr() == rhs.lr() && lhs.momentum() == rhs.momentum() &&
-         lhs.dampening() == rhs.dampening() && lhs.weight_decay() == rhs.weight_decay() &&
-         lhs.nesterov() == rhs.nesterov() && lhs.maximize() == rhs.maximize() &&
-         lhs.capturable() == rhs.capturable() && detail::equal_low_precision(lhs, rhs);
-}
+}  // namespace
 
-void FusedSGDParamState::serialize(OutputArchive& archive) const {
-  detail::write_tensor(archive, "momentum_buffer", momentum_buffer());
-  // The low-precision modes' entries; LibTorch's SGD reads past them.
-  detail::write_tensor(archive, "step", step());
-  detail::write_tensor(archive, "master_weight", master_weight());
-  detail::write_tensor(archive, "kahan_comp", kahan_comp());
-}
-
-void FusedSGDParamState::serialize(InputArchive& archive) {
-  momentum_buffer(detail::read_tensor(archive, "momentum_buffer"));
-  step(detail::read_tensor(archive, "step"));
-  master_weight(detail::read_tensor(archive, "master_weight"));
-  kahan_comp(detail::read_tensor(archive, "kahan_comp"));
-}
-
-bool operator==(const FusedSGDParamState& lhs, const FusedSGDParamState& rhs) {
-  return detail::same_tensor(lhs.momentum_buffer(), rhs.momentum_buffer()) &&
-         detail::same_tensor(lhs.step(), rhs.step()) &&
-         detail::same_tensor(lhs.master_weight(), rhs.master_weight()) &&
-         detail::same_tensor(lhs.kahan_comp(), rhs.kahan_comp());
-}
+AMP_OPTIONS_FROM_FIELDS(FusedSGDOptions, sgd_fields)
+AMP_STATE_FROM_FIELDS(FusedSGDParamState, sgd_state_fields)
 
 // ---- the optimizer ----
 
@@ -102,17 +80,7 @@ void FusedSGD::check_options(const FusedSGDOptions& options, const std::string& 
 
 FusedSGDOptions FusedSGD::merge_options(const FusedSGDOptions& group,
                                         const FusedSGDOptions& defaults) const {
-  // Python's rule: each option the group set, the others from the optimizer's defaults.
-  FusedSGDOptions merged = defaults;
-  AMP_TAKE_IF_SET(merged, group, lr);
-  AMP_TAKE_IF_SET(merged, group, momentum);
-  AMP_TAKE_IF_SET(merged, group, dampening);
-  AMP_TAKE_IF_SET(merged, group, weight_decay);
-  AMP_TAKE_IF_SET(merged, group, nesterov);
-  AMP_TAKE_IF_SET(merged, group, maximize);
-  AMP_TAKE_IF_SET(merged, group, capturable);
-  detail::merge_low_precision(merged, group);
-  return merged;
+  return sgd_fields().merge(group, defaults);
 }
 
 namespace {
@@ -124,29 +92,22 @@ void sgd_low_precision(detail::StateMap& states, const FusedSGDOptions& o,
                        const detail::ParamPositions& positions,
                        const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf, const std::string& where) {
-  std::vector<detail::StepSlot> slots;
-  for (const at::Tensor& param : params) {
-    detail::check_low_precision_param(param, positions.of(param), where);
-    auto& entry = states[param.unsafeGetTensorImpl()];
-    if (!entry) entry = std::make_unique<FusedSGDParamState>();
-    auto& state = static_cast<FusedSGDParamState&>(*entry);
-    at::Tensor step = state.step(), master = state.master_weight(), comp = state.kahan_comp();
-    detail::StepSlot slot =
-        detail::engine_slot(param, positions.of(param), step, master, comp, plan);
-    state.step(step).master_weight(master).kahan_comp(comp);
-    // A new buffer starts at zeros (as on the ATen path): a skipped first step leaves zeros.
-    slot.first = o.momentum() != 0.0 && !state.momentum_buffer().defined();
-    if (o.momentum() != 0.0) {
-      state.momentum_buffer(detail::state_tensor(state.momentum_buffer(), param, plan.state_dtype));
-    }
-    slot.state0 = state.momentum_buffer();
-    slots.push_back(std::move(slot));
-  }
-  detail::run_rule_step<detail::lp::SgdRule>(
-      slots,
-      detail::SgdHyper{o.lr(), o.momentum(), o.dampening(), o.weight_decay(), o.nesterov(),
-                       o.maximize()},
-      detail::step_args(o, plan, grad_scale, found_inf));
+  using Rule = detail::engine::SgdRule;
+  const auto slots = detail::engine_slots<FusedSGDParamState>(
+      states, params, positions, plan, where,
+      [&](FusedSGDParamState& state, const at::Tensor& param, detail::StepSlot& slot) {
+        // A new buffer starts at zeros (as on the ATen path): a skipped first step leaves zeros.
+        slot.first = o.momentum() != 0.0 && !state.momentum_buffer().defined();
+        if (o.momentum() != 0.0) {
+          state.momentum_buffer(
+              detail::state_tensor(state.momentum_buffer(), param, plan.state_dtype));
+        }
+        slot.state[Rule::kMomentumBuffer] = state.momentum_buffer();
+      });
+  detail::run_rule_step<Rule>(slots,
+                              detail::SgdHyper{o.lr(), o.momentum(), o.dampening(),
+                                               o.weight_decay(), o.nesterov(), o.maximize()},
+                              detail::step_args(o, plan, grad_scale, found_inf));
 }
 
 }  // namespace
@@ -227,14 +188,7 @@ std::unique_ptr<FusedSGDParamState> FusedSGD::loaded_state(const at::Tensor& par
                 "; a count is a whole number >= 0. The optimizer is unchanged.");
     state->step(count.reshape({}).to(param.device(), at::kFloat, false, /*copy=*/true));
   }
-  if (plan->write_back == detail::WriteBack::kMasterWeights) {
-    state->master_weight(detail::loaded_state_tensor(saved.master_weight(), param, at::kFloat,
-                                                     "master_weight", where));
-  }
-  if (plan->write_back == detail::WriteBack::kKahan) {
-    state->kahan_comp(detail::loaded_state_tensor(saved.kahan_comp(), param, param.scalar_type(),
-                                                  "kahan_comp", where));
-  }
+  detail::load_write_back_state(*state, saved, param, plan, where);
   return state;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -17,8 +18,8 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
-#include "optim/checkpoint.h"
-#include "optim/step.h"
+#include "optim/archive_io.h"
+#include "optim/engine/step.h"
 
 namespace amp::optim::detail {
 
@@ -91,8 +92,14 @@ void check_low_precision_params(const Options& o, const std::vector<at::Tensor>&
                                 const std::string& where) {
   if (!o.stochastic_rounding()) return;
   for (size_t i = 0; i < params.size(); ++i) {
-    TORCH_CHECK(params[i].scalar_type() != c10::kHalf, where, ": parameter ", i,
-                " is Half, but stochastic_rounding rounds to bfloat16 only (float16 has too few "
+    // The engine's legal matrix decides which low-precision dtypes stochastic rounding writes.
+    const c10::ScalarType dtype = params[i].scalar_type();
+    const bool rounds_stochastically =
+        !is_low_precision(dtype) ||
+        unsupported_step(*kernels::dtype_of(dtype), kernels::Dtype::kFloat,
+                         WriteBack::kStochastic) == nullptr;
+    TORCH_CHECK(rounds_stochastically, where, ": parameter ", i, " is ", dtype,
+                ", but stochastic_rounding rounds to bfloat16 only (float16 has too few "
                 "exponent bits for the dither to stay unbiased near its range limits); use "
                 "kahan_summation or master_weights for float16 parameters.");
     TORCH_CHECK(params[i].numel() < (int64_t{1} << 32), where, ": parameter ", i, " has ",
@@ -229,7 +236,7 @@ StepArgs step_args(const Options& o, const LowPrecisionPlan& plan,
 
 /// A slot of the engine for `param` at `position` in its optimizer, with the step count, master
 /// copy and compensation `plan` needs (created in the caller's state tensors when missing,
-/// dropped when the plan has no use for them); the rule's own state (state0..2) is the caller's.
+/// dropped when the plan has no use for them); the rule's own state slots are the caller's.
 StepSlot engine_slot(const at::Tensor& param, uint64_t position, at::Tensor& step,
                      at::Tensor& master, at::Tensor& comp, const LowPrecisionPlan& plan);
 
@@ -251,5 +258,50 @@ at::Tensor state_tensor(const at::Tensor& current, const at::Tensor& param, c10:
 /// present, created from the parameter (master) or as zeros (compensation), dropped otherwise.
 void fit_write_back_state(at::Tensor& master, at::Tensor& comp, const at::Tensor& param,
                           const std::optional<LowPrecisionPlan>& plan);
+
+/// An optimizer's per-parameter state, as torch::optim::Optimizer keeps it (keyed by TensorImpl).
+using StateMap = ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>;
+
+/// The engine's slots for one dtype bucket of a group under `plan`, the one loop every optimizer
+/// on the engine shares: each parameter checked (throws a sentence starting with `where`), its
+/// `State` entry created on first use and given the step count, master copy and compensation the
+/// plan needs, then `fill_rule_state(state, param, slot)` sets the rule's own state slots (in
+/// plan.state_dtype, through state_tensor()).
+template <typename State, typename FillRuleState>
+std::vector<StepSlot> engine_slots(StateMap& states, const std::vector<at::Tensor>& params,
+                                   const ParamPositions& positions, const LowPrecisionPlan& plan,
+                                   const std::string& where, const FillRuleState& fill_rule_state) {
+  std::vector<StepSlot> slots;
+  slots.reserve(params.size());
+  for (const at::Tensor& param : params) {
+    const uint64_t position = positions.of(param);
+    check_low_precision_param(param, position, where);
+    auto& entry = states[param.unsafeGetTensorImpl()];
+    if (!entry) entry = std::make_unique<State>();
+    auto& state = static_cast<State&>(*entry);
+    at::Tensor step = state.step(), master = state.master_weight(), comp = state.kahan_comp();
+    StepSlot slot = engine_slot(param, position, step, master, comp, plan);
+    state.step(step).master_weight(master).kahan_comp(comp);
+    fill_rule_state(state, param, slot);
+    slots.push_back(std::move(slot));
+  }
+  return slots;
+}
+
+/// The master copy and compensation of a loaded state entry (`saved`), kept where `plan` (the
+/// loaded options' plan for the parameter; nullopt: none) uses them, checked against `param` and
+/// moved to its device (the first step creates missing ones).
+template <typename State>
+void load_write_back_state(State& state, const State& saved, const at::Tensor& param,
+                           const std::optional<LowPrecisionPlan>& plan, const std::string& where) {
+  if (plan && plan->write_back == WriteBack::kMasterWeights) {
+    state.master_weight(
+        loaded_state_tensor(saved.master_weight(), param, at::kFloat, "master_weight", where));
+  }
+  if (plan && plan->write_back == WriteBack::kKahan) {
+    state.kahan_comp(
+        loaded_state_tensor(saved.kahan_comp(), param, param.scalar_type(), "kahan_comp", where));
+  }
+}
 
 }  // namespace amp::optim::detail

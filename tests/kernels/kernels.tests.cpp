@@ -84,7 +84,7 @@ TEST_CASE("The CPU capability cap picks a narrower build, never a wider one", "[
   // CpuKernels picks the function of the process's capability.
   const amp::kernels::CpuKernels<int (*)()> kernels{[] { return 0; }, [] { return 1; },
                                                     [] { return 2; }};
-  CHECK(kernels.pick()() == static_cast<int>(amp::kernels::cpu_capability()));
+  CHECK(kernels.for_this_cpu()() == static_cast<int>(amp::kernels::cpu_capability()));
 }
 
 TEST_CASE("Device dispatch gives the CPU entry, the registered CUDA one, and sentences otherwise",

@@ -16,7 +16,7 @@
 #include <amp/low_precision.h>
 #include <amp/optim.h>
 
-#include "optim/element.h"
+#include "kernels/dtype.h"
 #include "support/host_reads.h"
 #include "support/optim_helpers.h"
 
@@ -71,7 +71,8 @@ TEST_CASE("bf16 round to nearest loses every small update, and master, Kahan and
   const double moved = fp32 - 1.0;
 
   // Plain bf16 (ATen's kernel) and amp's round-to-nearest write-back both stay at 1.0.
-  CHECK(sgd_increments(torch::kBFloat16, std::nullopt, 1000, increment).eq(1.0f).all().item<bool>());
+  CHECK(
+      sgd_increments(torch::kBFloat16, std::nullopt, 1000, increment).eq(1.0f).all().item<bool>());
   CHECK(sgd_increments(torch::kBFloat16, Mode::kNearest, 1000, increment)
             .eq(1.0f)
             .all()
@@ -146,8 +147,8 @@ TEST_CASE("A skipped step leaves parameters, master copies, compensation and sta
   const bool sgd = GENERATE(false, true);
   INFO(mode_name(mode) << (sgd ? ", FusedSGD" : ", FusedAdamW"));
   torch::manual_seed(3);
-  auto net = torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::ReLU(),
-                                   torch::nn::Linear(8, 3));
+  auto net =
+      torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3));
   amp::to_low_precision(*net, torch::kBFloat16);
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (sgd) {
@@ -196,8 +197,8 @@ TEST_CASE("Checkpoints hold master copies, compensation and counts, and adapt to
   FusedAdamW opt({w}, FusedAdamWOptions(0.01).master_weights(true));
   w.mutable_grad() = torch::randn({32}).to(torch::kBFloat16);
   opt.step();
-  const auto& state = static_cast<const FusedAdamParamState&>(
-      *opt.state().at(w.unsafeGetTensorImpl()));
+  const auto& state =
+      static_cast<const FusedAdamParamState&>(*opt.state().at(w.unsafeGetTensorImpl()));
   REQUIRE(state.master_weight().scalar_type() == torch::kFloat);
   CHECK(state.exp_avg().scalar_type() == torch::kFloat);  // fp32 moments with master weights
   CHECK(same_bits(state.master_weight().to(torch::kBFloat16), w.detach()));
@@ -208,18 +209,18 @@ TEST_CASE("Checkpoints hold master copies, compensation and counts, and adapt to
     FusedAdamW fresh({w}, FusedAdamWOptions(0.01).master_weights(true));
     std::istringstream in(saved.str());
     torch::load(fresh, in);
-    const auto& loaded = static_cast<const FusedAdamParamState&>(
-        *fresh.state().at(w.unsafeGetTensorImpl()));
+    const auto& loaded =
+        static_cast<const FusedAdamParamState&>(*fresh.state().at(w.unsafeGetTensorImpl()));
     CHECK(loaded == state);
-    CHECK(static_cast<const FusedAdamWOptions&>(fresh.param_groups()[0].options())
-              .master_weights());
+    CHECK(
+        static_cast<const FusedAdamWOptions&>(fresh.param_groups()[0].options()).master_weights());
   }
   SECTION("the checkpoint's options apply: Kahan in place of master weights drops the copy") {
     FusedAdamW other({w}, FusedAdamWOptions(0.01).kahan_summation(true));
     std::istringstream in(saved.str());
     torch::load(other, in);  // the checkpoint's options (master weights) replace the group's
-    const auto& loaded = static_cast<const FusedAdamParamState&>(
-        *other.state().at(w.unsafeGetTensorImpl()));
+    const auto& loaded =
+        static_cast<const FusedAdamParamState&>(*other.state().at(w.unsafeGetTensorImpl()));
     CHECK(loaded.master_weight().defined());
   }
   SECTION("LibTorch's AdamW reads past the extra entries") {
@@ -244,24 +245,25 @@ TEST_CASE("Low-precision options that make no sense are refused with a sentence"
       Contains("are alternatives") && Contains("Choose one"));
   CHECK_THROWS_WITH(FusedSGD({fp16}, FusedSGDOptions(0.1).stochastic_rounding(true)),
                     Contains("parameter 0 is Half") && Contains("bfloat16 only"));
-  CHECK_THROWS_WITH(amp::optim::FusedAdam({fp32}, amp::optim::FusedAdamOptions().master_weights(true)),
-                    Contains("none of the optimizer's parameters is one") && Contains("amp::to_low_precision"));
-  CHECK_THROWS_WITH(FusedAdamW({bf16}, FusedAdamWOptions().state_dtype(torch::kDouble)),
-                    Contains("state_dtype must be Float, BFloat16 or Half. Got state_dtype=Double"));
   CHECK_THROWS_WITH(
-      FusedAdamW({bf16}, FusedAdamWOptions().capturable(true).kahan_summation(true)),
-      Contains("capturable(true) cannot be combined"));
+      amp::optim::FusedAdam({fp32}, amp::optim::FusedAdamOptions().master_weights(true)),
+      Contains("none of the optimizer's parameters is one") && Contains("amp::to_low_precision"));
+  CHECK_THROWS_WITH(
+      FusedAdamW({bf16}, FusedAdamWOptions().state_dtype(torch::kDouble)),
+      Contains("state_dtype must be Float, BFloat16 or Half. Got state_dtype=Double"));
+  CHECK_THROWS_WITH(FusedAdamW({bf16}, FusedAdamWOptions().capturable(true).kahan_summation(true)),
+                    Contains("capturable(true) cannot be combined"));
   // fp32 parameters next to bf16 ones are updated by ATen's kernel as before.
   FusedAdamW mixed({bf16, fp32}, FusedAdamWOptions(0.1).kahan_summation(true));
   bf16.mutable_grad() = torch::ones({4}, torch::kBFloat16);
   fp32.mutable_grad() = torch::ones({4});
   mixed.step();
-  const auto& s32 = static_cast<const FusedAdamParamState&>(
-      *mixed.state().at(fp32.unsafeGetTensorImpl()));
+  const auto& s32 =
+      static_cast<const FusedAdamParamState&>(*mixed.state().at(fp32.unsafeGetTensorImpl()));
   CHECK_FALSE(s32.kahan_comp().defined());
   CHECK(torch::allclose(fp32.detach(), torch::full({4}, -0.1f), 1e-6, 1e-7));
-  const auto& s16 = static_cast<const FusedAdamParamState&>(
-      *mixed.state().at(bf16.unsafeGetTensorImpl()));
+  const auto& s16 =
+      static_cast<const FusedAdamParamState&>(*mixed.state().at(bf16.unsafeGetTensorImpl()));
   CHECK(s16.kahan_comp().scalar_type() == torch::kBFloat16);
   CHECK(s16.exp_avg().scalar_type() == torch::kFloat);  // the default state dtype
 }
@@ -287,8 +289,9 @@ TEST_CASE("to_low_precision casts weights, keeps normalisation layers and intege
 
   // A custom predicate: keep the last Linear (its whole subtree) instead.
   torch::nn::Sequential other(torch::nn::Linear(4, 8), torch::nn::Linear(8, 2));
-  amp::to_low_precision(*other, torch::kHalf,
-                        [](const std::string& name, const torch::nn::Module&) { return name == "1"; });
+  amp::to_low_precision(
+      *other, torch::kHalf,
+      [](const std::string& name, const torch::nn::Module&) { return name == "1"; });
   CHECK(other->parameters()[0].scalar_type() == torch::kHalf);
   CHECK(other->parameters()[3].scalar_type() == torch::kFloat);
   CHECK_THROWS_WITH(amp::to_low_precision(*other, torch::kFloat),
@@ -297,8 +300,8 @@ TEST_CASE("to_low_precision casts weights, keeps normalisation layers and intege
 
 TEST_CASE("bf16 weights under bf16 autocast train with master weights", "[optim][low_precision]") {
   torch::manual_seed(8);
-  auto net = torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::ReLU(),
-                                   torch::nn::Linear(32, 1));
+  auto net =
+      torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 1));
   amp::to_low_precision(*net, torch::kBFloat16);
   FusedAdamW opt(net->parameters(), FusedAdamWOptions(1e-2).master_weights(true));
   const auto x = torch::randn({64, 16});
@@ -318,8 +321,9 @@ TEST_CASE("bf16 weights under bf16 autocast train with master weights", "[optim]
   CHECK(last < 0.2 * first);
 }
 
-TEST_CASE("The kernels' float16 and bfloat16 conversions give c10's bits", "[optim][low_precision]") {
-  namespace lp = amp::optim::detail::lp;
+TEST_CASE("The kernels' float16 and bfloat16 conversions give c10's bits",
+          "[optim][low_precision]") {
+  namespace kernels = amp::kernels;
   const auto bits = [](float v) {
     uint32_t u;
     std::memcpy(&u, &v, sizeof(u));
@@ -329,10 +333,10 @@ TEST_CASE("The kernels' float16 and bfloat16 conversions give c10's bits", "[opt
   int load_differences = 0;
   for (uint32_t raw = 0; raw <= 0xFFFFu; ++raw) {
     const auto h = static_cast<uint16_t>(raw);
-    const bool same =
-        bits(lp::F16::load(h)) == bits(static_cast<float>(c10::Half(h, c10::Half::from_bits()))) &&
-        bits(lp::Bf16::load(h)) ==
-            bits(static_cast<float>(c10::BFloat16(h, c10::BFloat16::from_bits())));
+    const bool same = bits(kernels::F16::load(h)) ==
+                          bits(static_cast<float>(c10::Half(h, c10::Half::from_bits()))) &&
+                      bits(kernels::Bf16::load(h)) ==
+                          bits(static_cast<float>(c10::BFloat16(h, c10::BFloat16::from_bits())));
     load_differences += same ? 0 : 1;
   }
   CHECK(load_differences == 0);
@@ -357,15 +361,15 @@ TEST_CASE("The kernels' float16 and bfloat16 conversions give c10's bits", "[opt
   std::string first_difference;
   for (float v : values) {
     const bool nan = std::isnan(v);
-    const uint16_t want_half = nan ? static_cast<uint16_t>((bits(v) >> 16 & 0x8000u) | 0x7E00u)
-                                   : c10::Half(v).x;
+    const uint16_t want_half =
+        nan ? static_cast<uint16_t>((bits(v) >> 16 & 0x8000u) | 0x7E00u) : c10::Half(v).x;
     const uint16_t want_bf16 = nan ? uint16_t{0x7FC0} : c10::BFloat16(v).x;
     if (first_difference.empty() &&
-        (lp::F16::store(v) != want_half || lp::Bf16::store(v) != want_bf16)) {
+        (kernels::F16::store(v) != want_half || kernels::Bf16::store(v) != want_bf16)) {
       std::ostringstream out;
       out << "value " << v << " (0x" << std::hex << bits(v) << "): float16 0x"
-          << lp::F16::store(v) << " vs 0x" << want_half << ", bfloat16 0x" << lp::Bf16::store(v)
-          << " vs 0x" << want_bf16;
+          << kernels::F16::store(v) << " vs 0x" << want_half << ", bfloat16 0x"
+          << kernels::Bf16::store(v) << " vs 0x" << want_bf16;
       first_difference = out.str();
     }
   }

@@ -149,13 +149,13 @@ unsigned int blocks_for(const TileGrid& grid) {
 template <typename Launch>
 cudaError_t with_type(const Input2d& x, const Launch& launch) {
   switch (x.type) {
-    case InputType::kFloat:
+    case kernels::Dtype::kFloat:
       launch(static_cast<const float*>(x.data));
       break;
-    case InputType::kBFloat16:
+    case kernels::Dtype::kBFloat16:
       launch(static_cast<const __nv_bfloat16*>(x.data));
       break;
-    case InputType::kHalf:
+    case kernels::Dtype::kHalf:
       launch(static_cast<const __half*>(x.data));
       break;
     default:

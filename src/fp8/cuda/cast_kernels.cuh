@@ -7,16 +7,14 @@
 #include <cuda_runtime_api.h>
 
 #include "fp8/cast_element.h"
+#include "kernels/dtype.h"
 
 namespace amp::fp8::cuda {
-
-/// The dtype a cast reads.
-enum class InputType : int32_t { kFloat, kBFloat16, kHalf };
 
 /// A 2-d input: element (r, c) at data[view.at(r, c)] (the view's offset included).
 struct Input2d {
   const void* data;
-  InputType type;
+  kernels::Dtype type;  // kFloat, kBFloat16 or kHalf
   int64_t rows, cols;
   cast_element::MatrixView view;
 };

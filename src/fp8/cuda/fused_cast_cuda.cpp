@@ -8,6 +8,7 @@
 
 #include "fp8/cuda/cast_kernels.cuh"
 #include "fp8/fused_cast.h"
+#include "kernels/dtype_of.h"
 
 namespace amp::fp8::detail {
 namespace {
@@ -17,21 +18,11 @@ using cast_element::MatrixView;
 using cast_element::ScaleAxis;
 
 cuda::Input2d input_of(const at::Tensor& x) {
-  cuda::InputType type = cuda::InputType::kFloat;
-  switch (x.scalar_type()) {
-    case at::kFloat:
-      break;
-    case at::kBFloat16:
-      type = cuda::InputType::kBFloat16;
-      break;
-    case at::kHalf:
-      type = cuda::InputType::kHalf;
-      break;
-    default:
-      TORCH_CHECK(false, "amp::fp8: a float8 cast reads float32, bfloat16 or float16 tensors, not ",
-                  x.scalar_type(), ".");
-  }
-  return cuda::Input2d{x.storage().data(), type, x.size(0), x.size(1),
+  const auto type = kernels::dtype_of(x.scalar_type());
+  TORCH_CHECK(type && *type != kernels::Dtype::kDouble,
+              "amp::fp8: a float8 cast reads float32, bfloat16 or float16 tensors, not ",
+              x.scalar_type(), ".");
+  return cuda::Input2d{x.storage().data(), *type, x.size(0), x.size(1),
                        MatrixView{x.storage_offset(), x.stride(0), x.stride(1)}};
 }
 

@@ -16,7 +16,7 @@ void run_list_job(const ListJob& job) {
   static const auto range_fn =
       kernels::CpuKernels<decltype(&process_range_default)>{
           process_range_default, process_range_avx2, process_range_avx512}
-          .pick();
+          .for_this_cpu();
   if (job.count == 0) return;
 
   const bool norm = job.mode == ListMode::kCheckNorm;

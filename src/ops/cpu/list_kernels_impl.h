@@ -140,13 +140,13 @@ RangeResult AMP_ISA_FN(process_range)(const FlatTensor& tensor, int64_t begin, i
                                       ListMode mode, float factor) {
   const int64_t n = end - begin;
   switch (tensor.type) {
-    case ElemType::kFloat:
+    case kernels::Dtype::kFloat:
       return moded_range<float>(static_cast<float*>(tensor.data) + begin, n, mode, factor);
-    case ElemType::kDouble:
+    case kernels::Dtype::kDouble:
       return moded_range<double>(static_cast<double*>(tensor.data) + begin, n, mode, factor);
-    case ElemType::kHalf:
+    case kernels::Dtype::kHalf:
       return moded_range<c10::Half>(static_cast<c10::Half*>(tensor.data) + begin, n, mode, factor);
-    case ElemType::kBFloat16:
+    case kernels::Dtype::kBFloat16:
       return moded_range<c10::BFloat16>(static_cast<c10::BFloat16*>(tensor.data) + begin, n, mode,
                                         factor);
   }

@@ -94,21 +94,21 @@ __device__ void process_chunk(T* chunk, int n, float factor_in, ThreadState& st)
 }
 
 template <bool kCheck, bool kStore, bool kNorm>
-__device__ void dispatch_chunk(void* data, ElemType type, int64_t begin, int n, float factor,
+__device__ void dispatch_chunk(void* data, kernels::Dtype type, int64_t begin, int n, float factor,
                                ThreadState& st) {
   switch (type) {
-    case ElemType::kFloat:
+    case kernels::Dtype::kFloat:
       process_chunk<float, kCheck, kStore, kNorm>(static_cast<float*>(data) + begin, n, factor, st);
       break;
-    case ElemType::kHalf:
+    case kernels::Dtype::kHalf:
       process_chunk<__half, kCheck, kStore, kNorm>(static_cast<__half*>(data) + begin, n, factor,
                                                    st);
       break;
-    case ElemType::kBFloat16:
+    case kernels::Dtype::kBFloat16:
       process_chunk<__nv_bfloat16, kCheck, kStore, kNorm>(static_cast<__nv_bfloat16*>(data) + begin,
                                                           n, factor, st);
       break;
-    case ElemType::kDouble:
+    case kernels::Dtype::kDouble:
       process_chunk<double, kCheck, kStore, kNorm>(static_cast<double*>(data) + begin, n, factor,
                                                    st);
       break;
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int64_t begin = static_cast<int64_t>(meta.block_chunk[blockIdx.x]) * kChunkElems;
   const int n = static_cast<int>(numel - begin < kChunkElems ? numel - begin : kChunkElems);
   void* data = meta.data[slot];
-  const ElemType type = meta.type[slot];
+  const kernels::Dtype type = meta.type[slot];
   const float inv = *args.inv_scale;
   ThreadState st;
 

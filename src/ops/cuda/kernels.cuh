@@ -27,7 +27,7 @@ struct LaunchMeta {
   void* data[kMaxTensorsPerLaunch];
   int64_t numel[kMaxTensorsPerLaunch];
   int32_t index[kMaxTensorsPerLaunch];  // position in the caller's list
-  ElemType type[kMaxTensorsPerLaunch];
+  kernels::Dtype type[kMaxTensorsPerLaunch];
   uint16_t block_slot[kMaxBlocksPerLaunch];
   int32_t block_chunk[kMaxBlocksPerLaunch];
   int32_t tensor_count;  // slots in use

@@ -1,8 +1,8 @@
-// Adam and AdamW as an update rule of the step engine (rules/rule.h): PyTorch's Adam arithmetic
+// Adam and AdamW as an update rule of the step engine (engine/rule.h): PyTorch's Adam arithmetic
 // in float32, one rounding per operation, L2 or decoupled weight decay, amsgrad, maximize.
 #pragma once
 
-#include "optim/rules/rule.h"
+#include "optim/engine/rule.h"
 
 namespace amp::optim::detail {
 
@@ -20,16 +20,17 @@ struct AdamScalars {
   bool l2, decoupled;
 };
 
-namespace lp {
+namespace engine {
 namespace {
 
 struct AdamRule {
   using Hyper = AdamHyper;
   using Scalars = AdamScalars;
   static constexpr const char* kName = "Adam";
-  static constexpr bool kHasFlag = true;  // amsgrad
+  enum StateSlot : int { kExpAvg, kExpAvgSq, kMaxExpAvgSq };
+  static constexpr bool kHasVariant = true;  // amsgrad: the running maximum of exp_avg_sq
   static constexpr bool kCountsSteps = true;
-  static bool flag(const Hyper& h) { return h.amsgrad; }
+  static bool variant(const Hyper& h) { return h.amsgrad; }
 
   static AMP_HOST_DEVICE_INLINE Scalars scalars(const Hyper& h, float count, bool, float scale) {
     Scalars c;
@@ -60,16 +61,17 @@ struct AdamRule {
     const float w = read_weight<P, W>(p, i);
     g = c.l2 ? g + w * c.weight_decay : g;
     // The state is stored, and read back, in its own dtype before the update uses it.
-    const auto m_raw = S::store(S::load(p.state0[i]) * c.beta1 + g * c.one_minus_beta1);
-    const auto v_raw = S::store(S::load(p.state1[i]) * c.beta2 + (g * g) * c.one_minus_beta2);
-    p.state0[i] = m_raw;
-    p.state1[i] = v_raw;
+    const auto m_raw = S::store(S::load(p.state[kExpAvg][i]) * c.beta1 + g * c.one_minus_beta1);
+    const auto v_raw =
+        S::store(S::load(p.state[kExpAvgSq][i]) * c.beta2 + (g * g) * c.one_minus_beta2);
+    p.state[kExpAvg][i] = m_raw;
+    p.state[kExpAvgSq][i] = v_raw;
     const float m = S::load(m_raw);
     float v = S::load(v_raw);
     if constexpr (kAmsgrad) {
-      const float before = S::load(p.state2[i]);
+      const float before = S::load(p.state[kMaxExpAvgSq][i]);
       v = before < v ? v : before;
-      p.state2[i] = S::store(v);
+      p.state[kMaxExpAvgSq][i] = S::store(v);
     }
     const float denom = square_root(v) / c.bias_correction2_sqrt + c.eps;
     float delta = (m / denom) * c.step_size;
@@ -79,5 +81,5 @@ struct AdamRule {
 };
 
 }  // namespace
-}  // namespace lp
+}  // namespace engine
 }  // namespace amp::optim::detail

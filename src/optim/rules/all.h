@@ -1,6 +1,7 @@
-// The update rules the step engine is built for: each is instantiated in every CPU loop build and
-// in the CUDA kernel, and found by its position in this list. A new optimizer's rule is one line
-// here.
+// The update rules the library builds the step engine for: each is instantiated in every CPU loop
+// build and in the CUDA kernel, and found by its position in this list. A new optimizer's rule is
+// one line here (AllRules); a rule that is not listed does not compile where it is asked for
+// (rule_id), and still runs on the CPU through engine/cpu/rule_step_here.h.
 #pragma once
 
 #include <cstddef>
@@ -11,7 +12,7 @@
 #include "optim/rules/sgd.h"
 
 namespace amp::optim::detail {
-namespace lp {
+namespace engine {
 namespace {
 
 template <typename... Rules>
@@ -45,12 +46,16 @@ bool with_rule(size_t index, const Fn& fn) {
 }
 
 }  // namespace
-}  // namespace lp
+}  // namespace engine
 
-/// A rule's position in AllRules: how a step names the rule to the engine.
+/// A rule's position in AllRules: how a step names the rule to the library's engine builds.
 template <typename Rule>
 constexpr size_t rule_id() {
-  return lp::RuleIndex<Rule, lp::AllRules>::value;
+  constexpr size_t index = engine::RuleIndex<Rule, engine::AllRules>::value;
+  static_assert(index < engine::AllRules::kSize,
+                "this rule is not listed in AllRules (src/optim/rules/all.h): add it there, or "
+                "run it with run_rule_step_here (engine/cpu/rule_step_here.h)");
+  return index;
 }
 
 }  // namespace amp::optim::detail

@@ -1,5 +1,5 @@
 // Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms") as an update rule of
-// the step engine (rules/rule.h), with the arithmetic of the lion-pytorch package on PyTorch:
+// the step engine (engine/rule.h), with the arithmetic of the lion-pytorch package on PyTorch:
 //   p = p * (1 - lr * weight_decay)                        (decoupled weight decay)
 //   p = p - lr * sign(beta1 * m + (1 - beta1) * g)         (the interpolated momentum's sign)
 //   m = beta2 * m + (1 - beta2) * g
@@ -9,7 +9,7 @@
 
 #include <type_traits>
 
-#include "optim/rules/rule.h"
+#include "optim/engine/rule.h"
 
 namespace amp::optim::detail {
 
@@ -23,16 +23,17 @@ struct LionScalars {
   float beta1, one_minus_beta1, beta2, one_minus_beta2, neg_lr, decay;
 };
 
-namespace lp {
+namespace engine {
 namespace {
 
 struct LionRule {
   using Hyper = LionHyper;
   using Scalars = LionScalars;
   static constexpr const char* kName = "Lion";
-  static constexpr bool kHasFlag = false;
+  enum StateSlot : int { kExpAvg };
+  static constexpr bool kHasVariant = false;
   static constexpr bool kCountsSteps = false;
-  static bool flag(const Hyper&) { return false; }
+  static bool variant(const Hyper&) { return false; }
 
   static AMP_HOST_DEVICE_INLINE Scalars scalars(const Hyper& h, float, bool, float scale) {
     // Each constant as Python forms it (a double) and ATen passes it to a float32 kernel.
@@ -53,14 +54,14 @@ struct LionRule {
                                              uint64_t key, int64_t i, int64_t index) {
     const float g = unscaled_grad<P>(p, i, c.scale, c.sign);
     const float w = read_weight<P, W>(p, i);
-    const float m = S::load(p.state0[i]);
+    const float m = S::load(p.state[kExpAvg][i]);
     const float interpolated = fmadd(g, c.one_minus_beta1, m * c.beta1);
     const float direction =
         static_cast<float>(interpolated > 0.0f) - static_cast<float>(interpolated < 0.0f);
     // The decayed weight and the step along the sign: two roundings, as lion-pytorch's mul_ then
     // add_ (the product direction * lr is exact).
     const float next = fmadd(direction, c.neg_lr, w * c.decay);
-    p.state0[i] = S::store(fmadd(g, c.one_minus_beta2, m * c.beta2));
+    p.state[kExpAvg][i] = S::store(fmadd(g, c.one_minus_beta2, m * c.beta2));
     if constexpr (std::is_same_v<P, F32> && W == WriteBack::kRoundNearest) {
       p.param[i] = next;  // float32 parameters: lion-pytorch's value itself
     } else {
@@ -71,5 +72,5 @@ struct LionRule {
 };
 
 }  // namespace
-}  // namespace lp
+}  // namespace engine
 }  // namespace amp::optim::detail

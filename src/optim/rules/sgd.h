@@ -1,8 +1,8 @@
-// SGD as an update rule of the step engine (rules/rule.h): PyTorch's SGD arithmetic in float32
+// SGD as an update rule of the step engine (engine/rule.h): PyTorch's SGD arithmetic in float32
 // with momentum, dampening, Nesterov, L2 weight decay and maximize.
 #pragma once
 
-#include "optim/rules/rule.h"
+#include "optim/engine/rule.h"
 
 namespace amp::optim::detail {
 
@@ -17,16 +17,17 @@ struct SgdScalars {
   bool l2, nesterov, first;
 };
 
-namespace lp {
+namespace engine {
 namespace {
 
 struct SgdRule {
   using Hyper = SgdHyper;
   using Scalars = SgdScalars;
   static constexpr const char* kName = "SGD";
-  static constexpr bool kHasFlag = true;  // momentum: a buffer to keep
+  enum StateSlot : int { kMomentumBuffer };
+  static constexpr bool kHasVariant = true;  // momentum: a buffer to keep
   static constexpr bool kCountsSteps = false;
-  static bool flag(const Hyper& h) { return h.momentum != 0.0; }
+  static bool variant(const Hyper& h) { return h.momentum != 0.0; }
 
   /// `first`: the momentum buffer is new, so this step copies the gradient into it.
   static AMP_HOST_DEVICE_INLINE Scalars scalars(const Hyper& h, float, bool first, float scale) {
@@ -51,9 +52,10 @@ struct SgdRule {
     g = c.l2 ? g + w * c.weight_decay : g;
     float d = g;
     if constexpr (kMomentum) {
-      const float continued = S::load(p.state0[i]) * c.momentum + g * c.one_minus_dampening;
+      const float continued =
+          S::load(p.state[kMomentumBuffer][i]) * c.momentum + g * c.one_minus_dampening;
       const auto b_raw = S::store(c.first ? g : continued);
-      p.state0[i] = b_raw;
+      p.state[kMomentumBuffer][i] = b_raw;
       const float b = S::load(b_raw);
       d = c.nesterov ? g + b * c.momentum : b;
     }
@@ -62,5 +64,5 @@ struct SgdRule {
 };
 
 }  // namespace
-}  // namespace lp
+}  // namespace engine
 }  // namespace amp::optim::detail

@@ -7,7 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "optim/element.h"
+#include "optim/engine/instances.h"
 
 namespace amp::optim::detail::cuda {
 
@@ -19,17 +19,13 @@ constexpr int64_t kStepChunkElems = 16384;
 constexpr int kStepMaxTensors = 96;
 constexpr int kStepMaxBlocks = 2048;
 
-enum class StorageType : int32_t { kFloat, kBFloat16, kHalf };
-
 /// One parameter's device pointers (null where the step keeps no such tensor).
 struct StepTensor {
   void* param;
   void* grad;
   float* master;
   void* comp;
-  void* state0;
-  void* state1;
-  void* state2;
+  void* state[kMaxStateSlots];  // by the rule's slot names
   float* step;  // the count before this step; read, never written, by the update kernel
   uint64_t stream;
   int64_t numel;
@@ -47,11 +43,7 @@ static_assert(sizeof(StepMeta) + 256 <= 32764, "StepMeta exceeds the kernel para
 
 /// What the whole step shares: the instantiation and the scaler's device values.
 struct StepLaunchArgs {
-  size_t rule;             // rule_id<Rule>()
-  StorageType param_type;  // any; kFloat with kFloat state and kRoundNearest only
-  StorageType state_type;
-  WriteBack write_back;
-  bool flag;  // Rule::flag(hyper)
+  StepKind kind;  // checked against the legal matrix by the host (step_kind)
   uint64_t seed;
   const float* grad_scale;  // null: the gradients are not scaled
   const float* found_inf;   // null: never skip
@@ -64,7 +56,7 @@ struct StepCounts {
   int32_t count;
 };
 
-/// Queues one launch of rule `args.rule` over meta's blocks on `stream`; `hyper` points to the
+/// Queues one launch of rule `args.kind.rule` over meta's blocks on `stream`; `hyper` points to the
 /// rule's Hyper. cudaSuccess when queued, cudaErrorInvalidValue for a combination no kernel is
 /// built for.
 cudaError_t launch_rule_step(const StepMeta& meta, const void* hyper, const StepLaunchArgs& args,

@@ -1,27 +1,28 @@
 // The step engine's CUDA kernel: each block updates one chunk of one parameter with a rule's
 // element arithmetic, the CPU's (rules/*.h; this file is built with --fmad=false so that the bits
 // agree), skipping on the scaler's flag without a host read. One kernel template for every rule
-// of rules/all.h.
-#include "optim/cuda/rule_kernels.cuh"
+// of rules/all.h, instantiated for the legal matrix of engine/instances.h.
+#include "optim/engine/cuda/rule_kernels.cuh"
 
+#include "optim/engine/instances.h"
 #include "optim/rules/all.h"
 
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 namespace amp::optim::detail::cuda {
 namespace {
 
 template <typename P, typename S>
-__device__ lp::Pointers<P, S> typed(const StepTensor& t) {
-  return {static_cast<typename P::Raw*>(t.param),
-          static_cast<typename P::Raw*>(t.grad),
-          t.master,
-          static_cast<typename P::Raw*>(t.comp),
-          static_cast<typename S::Raw*>(t.state0),
-          static_cast<typename S::Raw*>(t.state1),
-          static_cast<typename S::Raw*>(t.state2)};
+__device__ engine::Pointers<P, S> typed(const StepTensor& t) {
+  engine::Pointers<P, S> p{static_cast<typename P::Raw*>(t.param),
+                           static_cast<typename P::Raw*>(t.grad),
+                           t.master,
+                           static_cast<typename P::Raw*>(t.comp),
+                           {}};
+#pragma unroll
+  for (int s = 0; s < kMaxStateSlots; ++s) p.state[s] = static_cast<typename S::Raw*>(t.state[s]);
+  return p;
 }
 
 // Thread 0 works out the block's constants once; the others read them from shared memory.
@@ -69,28 +70,33 @@ template <typename P, typename S, typename Scalars, typename Element>
 __device__ void run_chunk(const StepMeta& meta, const StepLaunchArgs& args, const Scalars& c,
                           float count, const Element& element) {
   const StepTensor& t = meta.tensor[meta.block_tensor[blockIdx.x]];
-  const lp::Pointers<P, S> p = typed<P, S>(t);
-  const uint64_t key = lp::tensor_key(args.seed, t.stream, static_cast<uint64_t>(count));
+  const engine::Pointers<P, S> p = typed<P, S>(t);
+  const uint64_t key = engine::tensor_key(args.seed, t.stream, static_cast<uint64_t>(count));
   const int64_t begin = static_cast<int64_t>(meta.block_chunk[blockIdx.x]) * kStepChunkElems;
   const int64_t end = t.numel - begin < kStepChunkElems ? t.numel : begin + kStepChunkElems;
   const bool unscale = args.grad_scale != nullptr;
   int64_t scalar_from = begin;
-  if (aligned16(t.param) && aligned16(t.grad) && aligned16(t.master) && aligned16(t.comp) &&
-      aligned16(t.state0) && aligned16(t.state1) && aligned16(t.state2)) {
+  bool aligned =
+      aligned16(t.param) && aligned16(t.grad) && aligned16(t.master) && aligned16(t.comp);
+#pragma unroll
+  for (int s = 0; s < kMaxStateSlots; ++s) aligned = aligned && aligned16(t.state[s]);
+  if (aligned) {
     const int64_t rounds = (end - begin) / kVec;
     for (int64_t r = threadIdx.x; r < rounds; r += blockDim.x) {
       const int64_t base = begin + r * kVec;
       typename P::Raw param[kVec], grad[kVec], comp[kVec];
       float master[kVec];
-      typename S::Raw state0[kVec], state1[kVec], state2[kVec];
+      typename S::Raw state[kMaxStateSlots][kVec];
       load_vec(param, p.param + base);
       load_vec(grad, p.grad + base);
       if (p.master != nullptr) load_vec(master, p.master + base);
       if (p.comp != nullptr) load_vec(comp, p.comp + base);
-      if (p.state0 != nullptr) load_vec(state0, p.state0 + base);
-      if (p.state1 != nullptr) load_vec(state1, p.state1 + base);
-      if (p.state2 != nullptr) load_vec(state2, p.state2 + base);
-      const lp::Pointers<P, S> regs{param, grad, master, comp, state0, state1, state2};
+      engine::Pointers<P, S> regs{param, grad, master, comp, {}};
+#pragma unroll
+      for (int s = 0; s < kMaxStateSlots; ++s) {
+        if (p.state[s] != nullptr) load_vec(state[s], p.state[s] + base);
+        regs.state[s] = state[s];
+      }
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
         element(regs, c, key, k, base + k);
@@ -101,9 +107,10 @@ __device__ void run_chunk(const StepMeta& meta, const StepLaunchArgs& args, cons
       if (unscale) store_vec(p.grad + base, grad);
       if (p.master != nullptr) store_vec(p.master + base, master);
       if (p.comp != nullptr) store_vec(p.comp + base, comp);
-      if (p.state0 != nullptr) store_vec(p.state0 + base, state0);
-      if (p.state1 != nullptr) store_vec(p.state1 + base, state1);
-      if (p.state2 != nullptr) store_vec(p.state2 + base, state2);
+#pragma unroll
+      for (int s = 0; s < kMaxStateSlots; ++s) {
+        if (p.state[s] != nullptr) store_vec(p.state[s] + base, state[s]);
+      }
     }
     scalar_from = begin + rounds * kVec;
   }
@@ -121,7 +128,7 @@ float __device__ scale_of(const StepLaunchArgs& args) {
   return args.grad_scale != nullptr ? *args.grad_scale : 1.0f;
 }
 
-template <typename Rule, typename P, typename S, WriteBack W, bool kFlag>
+template <typename Rule, typename P, typename S, WriteBack W, bool kVariant>
 __global__ void __launch_bounds__(kStepThreads)
     rule_kernel(const __grid_constant__ StepMeta meta, const typename Rule::Hyper hyper,
                 const StepLaunchArgs args) {
@@ -133,7 +140,7 @@ __global__ void __launch_bounds__(kStepThreads)
       [&] { return Rule::scalars(hyper, count, t.first != 0, scale_of(args)); });
   run_chunk<P, S>(meta, args, c, count,
                   [](const auto& p, const Scalars& c, uint64_t key, int64_t i, int64_t index) {
-                    Rule::template element<P, S, W, kFlag>(p, c, key, i, index);
+                    Rule::template element<P, S, W, kVariant>(p, c, key, i, index);
                   });
 }
 
@@ -144,84 +151,21 @@ __global__ void count_steps_kernel(const __grid_constant__ StepCounts counts,
   if (k < counts.count) *counts.step[k] += 1.0f;
 }
 
-// Calls fn(P{}, S{}, write-back constant, flag constant) for the args' instantiation (the CPU
-// loops' combinations: float32 parameters with float32 state and the plain write-back, stochastic
-// rounding on bfloat16); returns cudaErrorInvalidValue for a combination no kernel exists for.
-template <typename Rule, typename Fn>
-cudaError_t dispatch(const StepLaunchArgs& args, const Fn& fn) {
-  const auto with_flag = [&](auto p, auto s, auto w) {
-    if constexpr (Rule::kHasFlag) {
-      if (args.flag) {
-        fn(p, s, w, std::true_type{});
-        return cudaGetLastError();
-      }
-    }
-    fn(p, s, w, std::false_type{});
-    return cudaGetLastError();
-  };
-  const auto with_write_back = [&](auto p, auto s) -> cudaError_t {
-    using P = decltype(p);
-    switch (args.write_back) {
-      case WriteBack::kRoundNearest:
-        return with_flag(p, s, std::integral_constant<WriteBack, WriteBack::kRoundNearest>{});
-      case WriteBack::kMasterWeights:
-        if constexpr (!std::is_same_v<P, lp::F32>) {
-          return with_flag(p, s, std::integral_constant<WriteBack, WriteBack::kMasterWeights>{});
-        }
-        break;
-      case WriteBack::kKahan:
-        if constexpr (!std::is_same_v<P, lp::F32>) {
-          return with_flag(p, s, std::integral_constant<WriteBack, WriteBack::kKahan>{});
-        }
-        break;
-      case WriteBack::kStochastic:
-        if constexpr (std::is_same_v<P, lp::Bf16>) {
-          return with_flag(p, s, std::integral_constant<WriteBack, WriteBack::kStochastic>{});
-        }
-        break;
-    }
-    return cudaErrorInvalidValue;
-  };
-  const auto with_state = [&](auto p) -> cudaError_t {
-    using P = decltype(p);
-    switch (args.state_type) {
-      case StorageType::kFloat:
-        return with_write_back(p, lp::F32{});
-      case StorageType::kBFloat16:
-        if constexpr (!std::is_same_v<P, lp::F32>) return with_write_back(p, lp::Bf16{});
-        break;
-      case StorageType::kHalf:
-        if constexpr (!std::is_same_v<P, lp::F32>) return with_write_back(p, lp::F16{});
-        break;
-    }
-    return cudaErrorInvalidValue;
-  };
-  switch (args.param_type) {
-    case StorageType::kBFloat16:
-      return with_state(lp::Bf16{});
-    case StorageType::kHalf:
-      return with_state(lp::F16{});
-    case StorageType::kFloat:
-      return with_state(lp::F32{});
-  }
-  return cudaErrorInvalidValue;
-}
-
 }  // namespace
 
 cudaError_t launch_rule_step(const StepMeta& meta, const void* hyper, const StepLaunchArgs& args,
                              cudaStream_t stream) {
   if (meta.block_count == 0) return cudaSuccess;
-  cudaError_t status = cudaErrorInvalidValue;
-  lp::with_rule(args.rule, [&](auto rule) {
+  bool launched = false;
+  engine::with_rule(args.kind.rule, [&](auto rule) {
     using Rule = decltype(rule);
     const auto& typed_hyper = *static_cast<const typename Rule::Hyper*>(hyper);
-    status = dispatch<Rule>(args, [&](auto p, auto s, auto w, auto flag) {
-      rule_kernel<Rule, decltype(p), decltype(s), decltype(w)::value, decltype(flag)::value>
+    launched = engine::with_instance<Rule>(args.kind, [&](auto p, auto s, auto w, auto variant) {
+      rule_kernel<Rule, decltype(p), decltype(s), decltype(w)::value, decltype(variant)::value>
           <<<meta.block_count, kStepThreads, 0, stream>>>(meta, typed_hyper, args);
     });
   });
-  return status;
+  return launched ? cudaGetLastError() : cudaErrorInvalidValue;
 }
 
 cudaError_t launch_count_steps(const StepCounts& counts, const float* found_inf,

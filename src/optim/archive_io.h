@@ -1,6 +1,6 @@
-// The fused optimizers' checkpoints in LibTorch's optimizer layout: an archive read completely
-// and matched to the optimizer's parameters before anything is applied, and the entry readers
-// and writers the options and states use.
+// The fused optimizers' save/load archives in LibTorch's optimizer layout: an archive read
+// completely and matched to the optimizer's parameters before anything is applied, and the entry
+// readers and writers the options and states use.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +55,13 @@ int64_t read_int(torch::serialize::InputArchive& archive, const char* key, bool 
                  int64_t fallback);
 /// Reads "betas", a pair of floats (a tuple, or a list as Python's optimizers save it).
 std::tuple<double, double> read_betas(torch::serialize::InputArchive& archive);
+/// A state entry's step count as LibTorch's Adam keeps it, an int64 (each library then reads the
+/// other's archives; a float32 count is exact up to 2^24 steps); 0 when undefined.
+void write_step_count(torch::serialize::OutputArchive& archive, const at::Tensor& step);
+
+/// Reads write_step_count's entry, or a 1-element tensor (as Python keeps it), as a 0-dim
+/// float32 tensor; throws a sentence when it is missing, negative or above 2^24.
+at::Tensor read_step_count(torch::serialize::InputArchive& archive);
 /// Reads a tensor-valued key, undefined when absent.
 at::Tensor read_tensor(torch::serialize::InputArchive& archive, const char* key);
 

@@ -10,24 +10,11 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "kernels/launch_plan.h"
-#include "optim/cuda/rule_kernels.cuh"
-#include "optim/step.h"
+#include "optim/engine/cuda/rule_kernels.cuh"
+#include "optim/engine/step.h"
 
 namespace amp::optim::detail {
 namespace {
-
-cuda::StorageType storage_type(c10::ScalarType dtype) {
-  switch (dtype) {
-    case c10::kFloat:
-      return cuda::StorageType::kFloat;
-    case c10::kBFloat16:
-      return cuda::StorageType::kBFloat16;
-    case c10::kHalf:
-      return cuda::StorageType::kHalf;
-    default:
-      TORCH_CHECK(false, "amp's optimizer step engine stores Float, BFloat16 or Half, not ", dtype);
-  }
-}
 
 // A 0-dim float32 tensor of the scaler on the parameters' device, as a device pointer.
 const float* scaler_value(const at::Tensor& t, const at::Device& device, const char* name) {
@@ -41,14 +28,14 @@ const float* scaler_value(const at::Tensor& t, const at::Device& device, const c
 
 void* ptr(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
-// The flag of `rule` for `hyper` (Adam's amsgrad, SGD's momentum).
-bool rule_flag(size_t rule, const void* hyper) {
-  bool flag = false;
-  lp::with_rule(rule, [&](auto r) {
+// The variant of `rule` for `hyper` (Adam's amsgrad, SGD's momentum).
+bool rule_variant(size_t rule, const void* hyper) {
+  bool variant = false;
+  engine::with_rule(rule, [&](auto r) {
     using Rule = decltype(r);
-    flag = Rule::flag(*static_cast<const typename Rule::Hyper*>(hyper));
+    variant = Rule::variant(*static_cast<const typename Rule::Hyper*>(hyper));
   });
-  return flag;
+  return variant;
 }
 
 void rule_step_cuda(size_t rule, const std::vector<StepSlot>& slots, const void* hyper,
@@ -57,21 +44,10 @@ void rule_step_cuda(size_t rule, const std::vector<StepSlot>& slots, const void*
   const at::Device device = slots[0].param.device();
   const c10::cuda::CUDAGuard guard(device);
   cuda::StepLaunchArgs args{};
-  args.rule = rule;
-  args.param_type = storage_type(slots[0].param.scalar_type());
-  args.state_type = storage_type(step.state_dtype);
-  args.write_back = step.write_back;
-  args.flag = rule_flag(rule, hyper);
+  args.kind = step_kind(rule, slots, step, rule_variant(rule, hyper));
   args.seed = step.seed;
   args.grad_scale = scaler_value(step.grad_scale, device, "grad_scale");
   args.found_inf = scaler_value(step.found_inf, device, "found_inf");
-  TORCH_CHECK(args.param_type != cuda::StorageType::kFloat ||
-                  (args.state_type == cuda::StorageType::kFloat &&
-                   step.write_back == WriteBack::kRoundNearest),
-              "float32 parameters keep float32 state and take their update as it is");
-  TORCH_CHECK(
-      step.write_back != WriteBack::kStochastic || args.param_type == cuda::StorageType::kBFloat16,
-      "stochastic rounding writes bfloat16 parameters only");
 
   std::vector<int64_t> numels;
   for (const StepSlot& slot : slots) {
@@ -90,17 +66,16 @@ void rule_step_cuda(size_t rule, const std::vector<StepSlot>& slots, const void*
     meta.block_count = static_cast<int32_t>(planned.blocks.size());
     for (size_t s = 0; s < planned.tensors.size(); ++s) {
       const StepSlot& slot = slots[planned.tensors[s]];
-      meta.tensor[s] = {ptr(slot.param),
-                        ptr(slot.grad),
-                        slot.master.defined() ? slot.master.data_ptr<float>() : nullptr,
-                        ptr(slot.comp),
-                        ptr(slot.state0),
-                        ptr(slot.state1),
-                        ptr(slot.state2),
-                        slot.step.data_ptr<float>(),
-                        slot.stream,
-                        slot.param.numel(),
-                        slot.first ? 1 : 0};
+      cuda::StepTensor& t = meta.tensor[s];
+      t.param = ptr(slot.param);
+      t.grad = ptr(slot.grad);
+      t.master = slot.master.defined() ? slot.master.data_ptr<float>() : nullptr;
+      t.comp = ptr(slot.comp);
+      for (int k = 0; k < kMaxStateSlots; ++k) t.state[k] = ptr(slot.state[k]);
+      t.step = slot.step.data_ptr<float>();
+      t.stream = slot.stream;
+      t.numel = slot.param.numel();
+      t.first = slot.first ? 1 : 0;
     }
     for (size_t b = 0; b < planned.blocks.size(); ++b) {
       TORCH_CHECK(planned.blocks[b].chunk <= INT32_MAX, "a parameter of more than 2^31 chunks of ",

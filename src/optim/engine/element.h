@@ -1,17 +1,17 @@
 // The element vocabulary of amp's optimizer steps, written once for the CPU loops and the CUDA
-// kernel so that both give the same bits: storage dtypes loaded as float32 and rounded back on
-// their bit patterns (no library rounding whose NaN or subnormal handling could differ), the
-// write-backs that keep a low-precision parameter's updates, and stochastic rounding's
-// counter-based bits. An update rule (rules/*.h) states its arithmetic in these terms: float32
-// operations, one rounding each (the CPU files are built with -ffp-contract=off and the .cu file
-// with --fmad=false, so nothing is fused unless a rule asks for fma()). No ATen here: nvcc
-// compiles this header too.
+// kernel so that both give the same bits: the stored element types (kernels/dtype.h), the
+// write-backs that keep a low-precision parameter's updates, stochastic rounding's counter-based
+// bits, and one parameter's pointers with its rule's named state slots. An update rule
+// (rules/*.h) states its arithmetic in these terms: float32 operations, one rounding each (the
+// CPU files are built with -ffp-contract=off and the .cu file with --fmad=false, so nothing is
+// fused unless a rule asks for fmadd()). No ATen here: nvcc compiles this header too.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/dtype.h"
 #include "kernels/float_bits.h"
 #include "kernels/host_device.h"
 
@@ -25,14 +25,20 @@ enum class WriteBack {
   kStochastic,     ///< parameter = stochastic_round(parameter + update) (bfloat16 only)
 };
 
+/// The most state tensors a rule keeps per parameter (Adam with amsgrad: three).
+constexpr int kMaxStateSlots = 3;
+
 // Everything below has internal linkage in each file that includes it: the CPU loops are built
 // once per instruction set, and an out-of-line copy of a shared inline function built with
 // AVX-512 must never be the one the linker keeps for the baseline build. (The rules' hyper-
 // parameter structs, outside, are plain data.)
-namespace lp {
+namespace engine {
 namespace {
 
+using amp::kernels::Bf16;
 using amp::kernels::bits_float;
+using amp::kernels::F16;
+using amp::kernels::F32;
 using amp::kernels::float_bits;
 
 AMP_HOST_DEVICE_INLINE float square_root(float value) {
@@ -42,67 +48,6 @@ AMP_HOST_DEVICE_INLINE float square_root(float value) {
   return __builtin_sqrtf(value);
 #endif
 }
-
-/// `when ? yes : no` as bit masks: no branch for the vectoriser to give up on.
-AMP_HOST_DEVICE_INLINE uint32_t pick(bool when, uint32_t yes, uint32_t no) {
-  const uint32_t mask = 0u - static_cast<uint32_t>(when);
-  return (yes & mask) | (no & ~mask);
-}
-
-// ---- storage dtypes: load as float32, round to the dtype (round to nearest even) ----
-// Every branch below is a select on values, so the CPU loops stay vectorisable.
-
-struct Bf16 {
-  using Raw = uint16_t;
-  static AMP_HOST_DEVICE_INLINE float load(Raw raw) {
-    return bits_float(static_cast<uint32_t>(raw) << 16);
-  }
-  static AMP_HOST_DEVICE_INLINE Raw store(float value) {
-    const uint32_t u = float_bits(value);
-    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    return value != value ? Raw{0x7FC0} : static_cast<Raw>(rounded);  // NaN as c10 writes it
-  }
-};
-
-struct F16 {
-  using Raw = uint16_t;
-  static AMP_HOST_DEVICE_INLINE float load(Raw raw) {
-    const uint32_t sign = static_cast<uint32_t>(raw & 0x8000u) << 16;
-    const uint32_t exponent = (raw >> 10) & 0x1Fu;
-    const uint32_t mantissa = raw & 0x3FFu;
-    // Normal: rebias the exponent (15 -> 127); inf stays inf, NaN keeps its payload and is made
-    // quiet (as c10 does); a subnormal is mantissa * 2^-24, exact in float32.
-    const uint32_t normal = ((exponent + 112u) << 23) | (mantissa << 13);
-    const uint32_t special = 0x7F800000u | (mantissa << 13) | pick(mantissa != 0, 0x400000u, 0u);
-    const uint32_t subnormal =
-        float_bits(static_cast<float>(static_cast<int32_t>(mantissa)) * 0x1p-24f);
-    uint32_t magnitude = pick(exponent == 31, special, normal);
-    magnitude = pick(exponent == 0, subnormal, magnitude);
-    return bits_float(sign | magnitude);
-  }
-  static AMP_HOST_DEVICE_INLINE Raw store(float value) {
-    const uint32_t u = float_bits(value);
-    const uint32_t sign = (u >> 16) & 0x8000u;
-    const uint32_t a = u & 0x7FFFFFFFu;
-    // Normal range (|value| >= 2^-14): round the 13 dropped mantissa bits to nearest even, then
-    // rebias; a carry out of the mantissa moves the exponent up, as it should.
-    const uint32_t normal = (a + 0xFFFu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
-    // Below 2^-14: adding 0.5 puts the float16 subnormal step (2^-24) at float32's last bit, so
-    // the addition itself rounds to nearest even; the low bits are then the float16 pattern.
-    const uint32_t subnormal = float_bits(bits_float(a) + 0.5f) - 0x3F000000u;
-    // 65520 and above round to infinity; NaN becomes the quiet NaN c10 writes.
-    uint32_t magnitude = pick(a < 0x38800000u, subnormal, normal);
-    magnitude = pick(a >= 0x477FF000u, 0x7C00u, magnitude);
-    magnitude = pick(a > 0x7F800000u, 0x7E00u, magnitude);
-    return static_cast<Raw>(sign | magnitude);
-  }
-};
-
-struct F32 {
-  using Raw = float;
-  static AMP_HOST_DEVICE_INLINE float load(Raw raw) { return raw; }
-  static AMP_HOST_DEVICE_INLINE Raw store(float value) { return value; }
-};
 
 // ---- stochastic rounding's bits ----
 
@@ -139,15 +84,15 @@ AMP_HOST_DEVICE_INLINE uint16_t sr_bf16(float value, uint32_t bits) {
 // ---- one element's tensors ----
 
 /// The pointers of one parameter's tensors. __restrict: no two alias (each is its own tensor).
+/// `state` holds the rule's state tensors by the slot names the rule declares (AdamRule::kExpAvg,
+/// SgdRule::kMomentumBuffer, ...); a slot the step keeps no tensor for is null.
 template <typename P, typename S>
 struct Pointers {
   typename P::Raw* __restrict param;
   typename P::Raw* __restrict grad;
   float* __restrict master;
   typename P::Raw* __restrict comp;
-  typename S::Raw* __restrict state0;  // exp_avg, or SGD's momentum buffer
-  typename S::Raw* __restrict state1;  // exp_avg_sq
-  typename S::Raw* __restrict state2;  // max_exp_avg_sq
+  typename S::Raw* __restrict state[kMaxStateSlots];
 };
 
 /// The parameter's current value as the arithmetic reads it.
@@ -204,5 +149,5 @@ AMP_HOST_DEVICE_INLINE float fmadd(float a, float b, float c) {
 }
 
 }  // namespace
-}  // namespace lp
+}  // namespace engine
 }  // namespace amp::optim::detail

@@ -1,5 +1,6 @@
-// The fused optimizers' checkpoint entries: numbers, flags and tensors in LibTorch's layout.
-#include "optim/checkpoint.h"
+// The fused optimizers' archive entries (save/load): numbers, flags and tensors in LibTorch's
+// layout.
+#include "optim/archive_io.h"
 
 #include <optional>
 
@@ -77,6 +78,24 @@ bool same_tensor(const at::Tensor& lhs, const at::Tensor& rhs) {
   if (!lhs.defined() || !rhs.defined()) return lhs.defined() == rhs.defined();
   return lhs.scalar_type() == rhs.scalar_type() && lhs.device() == rhs.device() &&
          lhs.sizes() == rhs.sizes() && at::equal(lhs, rhs);
+}
+
+void write_step_count(torch::serialize::OutputArchive& archive, const at::Tensor& step) {
+  archive.write(
+      "step", c10::IValue(step.defined() ? static_cast<int64_t>(step.item<float>()) : int64_t{0}));
+}
+
+at::Tensor read_step_count(torch::serialize::InputArchive& archive) {
+  c10::IValue count;
+  TORCH_CHECK(archive.try_read("step", count), "a state entry has no \"step\"");
+  if (count.isInt()) {
+    TORCH_CHECK(count.toInt() >= 0 && count.toInt() <= (int64_t{1} << 24),
+                "a state entry's step count ", count.toInt(), " is outside [0, 2^24]");
+    return at::full({}, static_cast<double>(count.toInt()), at::kFloat);
+  }
+  TORCH_CHECK(count.isTensor() && count.toTensor().numel() == 1,
+              "a state entry's \"step\" is neither an integer nor a 1-element tensor");
+  return count.toTensor().reshape(at::IntArrayRef{}).to(at::kFloat);
 }
 
 }  // namespace amp::optim::detail
