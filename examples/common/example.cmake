@@ -20,6 +20,7 @@ function(amp_add_example program)
   target_link_libraries(${program} PRIVATE amp::amp amp_example_common fmt::fmt-header-only)
   if(example_TRAINING)
     target_link_libraries(${program} PRIVATE amp_example_training)
-    target_precompile_headers(${program} REUSE_FROM amp_example_training)
+    # The precompiled header amp_example_training uses (examples/common/CMakeLists.txt).
+    target_precompile_headers(${program} REUSE_FROM ${AMP_EXAMPLE_PCH_TARGET})
   endif()
 endfunction()

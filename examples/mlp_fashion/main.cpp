@@ -31,13 +31,13 @@
 #include <utility>
 #include <vector>
 
-#include "common/checkpoint.h"
 #include "common/cli.h"
 #include "common/evaluate.h"
 #include "common/mnist_tensors.h"
 #include "common/precision.h"
 #include "common/program.h"
 #include "common/train_monitor.h"
+#include "common/training_state.h"
 #include "warmup_cosine.h"
 
 namespace {

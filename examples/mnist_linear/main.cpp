@@ -27,13 +27,13 @@
 
 #include <unistd.h>
 
-#include "common/checkpoint.h"
 #include "common/cli.h"
 #include "common/evaluate.h"
 #include "common/mnist_tensors.h"
 #include "common/precision.h"
 #include "common/program.h"
 #include "common/train_monitor.h"
+#include "common/training_state.h"
 
 namespace {
 
@@ -71,7 +71,7 @@ struct Settings {
   amp_examples::Precision precision = amp_examples::kPrecisions[1];  // bf16
   /// --fp8-recipe: the float8 recipe of --precision fp8.
   std::string fp8_recipe = "tensorwise";
-  amp_examples::DeviceChoice device = amp_examples::kDevices[0];     // cpu
+  amp_examples::DeviceChoice device = amp_examples::kDevices[0];  // cpu
   /// The GradScaler's settings, torch.amp's defaults unless --init-scale / --growth-interval say
   /// otherwise; `enabled` is set from the precision. The counters report skipped steps per epoch.
   amp::GradScalerOptions scaler = amp::GradScalerOptions().track_counters(true);
@@ -88,9 +88,9 @@ struct Settings {
 /// a float8 region (--precision fp8), where it multiplies in float8 with `recipe`.
 struct MyModelImpl : torch::nn::Module {
   explicit MyModelImpl(const amp::fp8::Recipe& recipe)
-      : fc(register_module("fc", amp::fp8::Float8Linear(amp::fp8::Float8LinearOptions(
-                                     kImagePixels, kNumClasses)
-                                                            .recipe(recipe)))) {}
+      : fc(register_module(
+            "fc", amp::fp8::Float8Linear(
+                      amp::fp8::Float8LinearOptions(kImagePixels, kNumClasses).recipe(recipe)))) {}
 
   torch::Tensor forward(const torch::Tensor& x) { return fc(x.view({-1, kImagePixels})); }
 

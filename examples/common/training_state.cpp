@@ -1,5 +1,5 @@
 // The examples' checkpoint files: atomic saves, sections, generator state, and checked reads.
-#include "checkpoint.h"
+#include "training_state.h"
 
 #include <amp/archive.h>
 #include <c10/util/Exception.h>

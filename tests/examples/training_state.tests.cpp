@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "common/checkpoint.h"
 #include "common/program.h"
+#include "common/training_state.h"
 #include "support/temp_dir.h"
 
 namespace {

@@ -1,5 +1,6 @@
-// The training examples' checkpoint files: saved so that an interrupted save keeps the previous
-// file, and read back only into the program, format and settings that wrote them.
+// The training examples' saved training state (--checkpoint/--resume files): saved so that an
+// interrupted save keeps the previous file, and read back only into the program, format and
+// settings that wrote them.
 #pragma once
 
 #include <ATen/core/Generator.h>
