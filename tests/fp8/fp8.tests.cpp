@@ -7,6 +7,7 @@
 
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cfloat>
 #include <cmath>
@@ -29,8 +30,8 @@ using amp::fp8::Float8Linear;
 using amp::fp8::Float8LinearImpl;
 using amp::fp8::Float8LinearOptions;
 using amp::fp8::Recipe;
-using Catch::Matchers::Contains;
 using amp_test::same_bytes;
+using Catch::Matchers::Contains;
 
 namespace {
 
@@ -65,8 +66,7 @@ struct WithMember : torch::nn::Module {
 
 }  // namespace
 
-TEST_CASE("Outside a float8 region Float8Linear is torch::nn::Linear, bit for bit",
-          "[fp8]") {
+TEST_CASE("Outside a float8 region Float8Linear is torch::nn::Linear, bit for bit", "[fp8]") {
   torch::manual_seed(5);
   torch::nn::Linear linear(24, 10);
   torch::manual_seed(5);
@@ -75,10 +75,10 @@ TEST_CASE("Outside a float8 region Float8Linear is torch::nn::Linear, bit for bi
   CHECK(same_bytes(layer->weight, linear->weight));
   CHECK(same_bytes(layer->bias, linear->bias));
   const auto x = torch::randn({7, 24});
-  const auto expected = run([&](const torch::Tensor& in) { return linear(in); }, linear->weight,
-                            linear->bias, x);
-  const auto actual = run([&](const torch::Tensor& in) { return layer(in); }, layer->weight,
-                          layer->bias, x);
+  const auto expected =
+      run([&](const torch::Tensor& in) { return linear(in); }, linear->weight, linear->bias, x);
+  const auto actual =
+      run([&](const torch::Tensor& in) { return layer(in); }, layer->weight, layer->bias, x);
   CHECK(same_bytes(actual.output, expected.output));
   CHECK(same_bytes(actual.input, expected.input));
   CHECK(same_bytes(actual.weight, expected.weight));
@@ -90,28 +90,33 @@ TEST_CASE("Outside a float8 region Float8Linear is torch::nn::Linear, bit for bi
 
 TEST_CASE("Inside a float8 region the three GEMMs are float8: close to Linear, not equal",
           "[fp8]") {
-  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp",
-                               "delayed");
+  const auto recipe =
+      GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed");
   CAPTURE(recipe);
   if (!runs_here(recipe)) return;
   torch::manual_seed(6);
   Float8Linear layer(Float8LinearOptions(32, 16).recipe(Recipe::from_name(recipe)));
   const auto x = torch::randn({2, 8, 32});
   const auto reference = run(
-      [&](const torch::Tensor& in) { return torch::nn::functional::linear(in, layer->weight, layer->bias); },
+      [&](const torch::Tensor& in) {
+        return torch::nn::functional::linear(in, layer->weight, layer->bias);
+      },
       layer->weight, layer->bias, x);
   Grads fp8;
   {
     Float8AutocastGuard float8;
     // The delayed recipe's first cast uses scale 1; its second uses the recorded amaxes.
-    if (recipe == "delayed") run([&](const torch::Tensor& in) { return layer(in); }, layer->weight, layer->bias, x);
+    if (recipe == "delayed")
+      run([&](const torch::Tensor& in) { return layer(in); }, layer->weight, layer->bias, x);
     fp8 = run([&](const torch::Tensor& in) { return layer(in); }, layer->weight, layer->bias, x);
   }
   CHECK(fp8.output.sizes() == reference.output.sizes());
   CHECK(fp8.output.scalar_type() == torch::kFloat);
-  for (const auto& [a, b] : std::vector<std::pair<torch::Tensor, torch::Tensor>>{
-           {fp8.output, reference.output}, {fp8.input, reference.input},
-           {fp8.weight, reference.weight}, {fp8.bias, reference.bias}}) {
+  for (const auto& [a, b] :
+       std::vector<std::pair<torch::Tensor, torch::Tensor>>{{fp8.output, reference.output},
+                                                            {fp8.input, reference.input},
+                                                            {fp8.weight, reference.weight},
+                                                            {fp8.bias, reference.bias}}) {
     CHECK_FALSE(torch::equal(a, b));
     const double error = ((a - b).norm() / b.norm()).item<double>();
     CHECK(error < 0.1);  // e4m3 keeps 3 mantissa bits, e5m2 two
@@ -183,21 +188,24 @@ TEST_CASE("convert_to_float8_training swaps Linear layers in module trees and co
   block->register_module("proj", torch::nn::Linear(16, 16));
   auto list = root->register_module("list", torch::nn::ModuleList(torch::nn::Linear(16, 16)));
   auto dict = root->register_module(
-      "dict", torch::nn::ModuleDict(torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>(
-                  {{"proj", torch::nn::Linear(16, 16).ptr()}, {"head", torch::nn::Linear(16, 4).ptr()}})));
+      "dict",
+      torch::nn::ModuleDict(torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>(
+          {{"proj", torch::nn::Linear(16, 16).ptr()}, {"head", torch::nn::Linear(16, 4).ptr()}})));
   const auto weight_before = root->named_parameters()["seq.0.weight"];
   const auto x = torch::randn({4, 8});
   const auto before = seq->forward(x);
 
   std::vector<std::string> seen;
   const auto converted = amp::fp8::convert_to_float8_training(
-      *root, Recipe::tensorwise(), [&](const std::string& name, const torch::nn::LinearImpl& linear) {
+      *root, Recipe::tensorwise(),
+      [&](const std::string& name, const torch::nn::LinearImpl& linear) {
         seen.push_back(name);
         return linear.options.out_features() != 4;  // keep the head in high precision
       });
   CHECK(seen == std::vector<std::string>{"seq.0", "seq.2", "block.proj", "list.0", "dict.proj",
                                          "dict.head"});
-  CHECK(converted == std::vector<std::string>{"seq.0", "seq.2", "block.proj", "list.0", "dict.proj"});
+  CHECK(converted ==
+        std::vector<std::string>{"seq.0", "seq.2", "block.proj", "list.0", "dict.proj"});
   // The registry and the containers hold the new layers; the parameters are the same tensors.
   const auto named = root->named_modules();
   for (const auto& name : converted) {
@@ -222,10 +230,11 @@ TEST_CASE("convert_to_float8_training swaps Linear layers in module trees and co
     CHECK_FALSE(torch::equal(seq->forward(x), before));
   }
   // A second conversion finds nothing left to convert.
-  CHECK(amp::fp8::convert_to_float8_training(
-            *root, Recipe::tensorwise(),
-            [](const std::string& name, const torch::nn::LinearImpl&) { return name != "dict.head"; })
-            .empty());
+  CHECK(
+      amp::fp8::convert_to_float8_training(
+          *root, Recipe::tensorwise(),
+          [](const std::string& name, const torch::nn::LinearImpl&) { return name != "dict.head"; })
+          .empty());
 }
 
 TEST_CASE("convert_to_float8_training refuses a Linear it cannot swap, and changes nothing",
@@ -265,15 +274,17 @@ TEST_CASE("Float8Linear and Recipe refuse bad input with a sentence", "[fp8]") {
   CHECK_THROWS_WITH(two_dtypes.validate(), Contains("input is cast to Float8_e4m3fn for one GEMM"));
   auto not_fp8 = Recipe::tensorwise();
   not_fp8.grad_output.dtype = torch::kBFloat16;
-  CHECK_THROWS_WITH(not_fp8.validate(),
-                    Contains("grad_output.dtype must be Float8_e4m3fn or Float8_e5m2. Got BFloat16."));
+  CHECK_THROWS_WITH(
+      not_fp8.validate(),
+      Contains("grad_output.dtype must be Float8_e4m3fn or Float8_e5m2. Got BFloat16."));
   auto rowwise_delayed = Recipe::delayed();
   rowwise_delayed.input.granularity = rowwise_delayed.input_for_grad_weight.granularity =
       amp::fp8::Granularity::rowwise;
   CHECK_THROWS_WITH(rowwise_delayed.validate(),
                     Contains("the delayed recipe casts every operand tensorwise"));
-  CHECK_THROWS_WITH(Recipe::delayed(amp::fp8::DelayedScalingOptions().amax_history_len(0)).validate(),
-                    Contains("amax_history_len must be at least 1. Got 0."));
+  CHECK_THROWS_WITH(
+      Recipe::delayed(amp::fp8::DelayedScalingOptions().amax_history_len(0)).validate(),
+      Contains("amax_history_len must be at least 1. Got 0."));
   CHECK_THROWS_WITH(Recipe::delayed(amp::fp8::DelayedScalingOptions().margin(-1)).validate(),
                     Contains("margin must be in [0, 126]. Got -1."));
 }
@@ -286,8 +297,10 @@ TEST_CASE("Delayed scaling follows Transformer Engine's rule cast by cast", "[fp
   auto cast_amax = [&](float amax, float other = 0.5f) {
     return cast_delayed(torch::tensor({other, -amax}), e4m3, state, options);
   };
-  auto history = [&] { return std::vector<float>(state.amax_history.data_ptr<float>(),
-                                                 state.amax_history.data_ptr<float>() + 3); };
+  auto history = [&] {
+    return std::vector<float>(state.amax_history.data_ptr<float>(),
+                              state.amax_history.data_ptr<float>() + 3);
+  };
   auto scale = [&] { return state.scale.item<float>(); };
 
   // The first cast uses scale 1: -600 saturates to -448.
@@ -362,7 +375,8 @@ TEST_CASE("A delayed-scaling checkpoint resumes bit for bit", "[fp8]") {
     CHECK(same_bytes(item.value(), resumed->named_buffers()[item.key()]));
   }
   // The histories did record: a fresh layer's buffers differ.
-  CHECK_FALSE(torch::equal(make()->named_buffers()["scale_input"], resumed->named_buffers()["scale_input"]));
+  CHECK_FALSE(torch::equal(make()->named_buffers()["scale_input"],
+                           resumed->named_buffers()["scale_input"]));
 }
 
 TEST_CASE("A loss scale does not change dynamic float8 gradients beyond the scale itself",
@@ -386,8 +400,8 @@ TEST_CASE("A loss scale does not change dynamic float8 gradients beyond the scal
 }
 
 TEST_CASE("Under CPU autocast the output follows autocast's dtype", "[fp8]") {
-  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp",
-                               "delayed");
+  const auto recipe =
+      GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed");
   CAPTURE(recipe);
   if (!runs_here(recipe)) return;
   torch::manual_seed(12);
@@ -435,9 +449,10 @@ TEST_CASE("A rowwise layer on a CPU without rowwise scales says so", "[fp8]") {
   if (amp_test::cpu_takes_rowwise_scales()) {
     CHECK(layer(x).sizes() == x.sizes());
   } else {
-    CHECK_THROWS_WITH(layer(x), Contains("amp::fp8: rowwise scales on the CPU need a LibTorch whose "
-                                         "CPU at::_scaled_mm takes them") &&
-                                    Contains("Use the tensorwise or delayed recipe"));
+    CHECK_THROWS_WITH(layer(x),
+                      Contains("amp::fp8: rowwise scales on the CPU need a LibTorch whose "
+                               "CPU at::_scaled_mm takes them") &&
+                          Contains("Use the tensorwise or delayed recipe"));
   }
 }
 
@@ -467,29 +482,41 @@ TEST_CASE("The delayed recipe's state stays float32 when the module's dtype chan
 
 namespace {
 
-// Counts the calls of one ATen operator while it lives (a RecordFunction callback on every
-// thread, so the autograd engine's calls are seen too).
-class OpCounter {
+// Counts the calls of the named GEMM operators while it lives (a RecordFunction callback on every
+// thread, so the autograd engine's calls are seen too), outermost calls only: whether the CPU's
+// at::_scaled_mm runs an aten::mm inside depends on the CPU (oneDNN's float8 kernels on AMX
+// machines do not), and one GEMM of the layer is one count either way.
+class GemmCounter {
  public:
-  explicit OpCounter(std::string op) : op_(std::move(op)) {
-    handle_ = at::addGlobalCallback(
-        at::RecordFunctionCallback(
-            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
-              if (active_ != nullptr && fn.name() == active_->op_) ++active_->count_;
-              return nullptr;
-            })
-            .scopes({at::RecordScope::FUNCTION}));
+  explicit GemmCounter(std::vector<std::string> ops) : ops_(std::move(ops)) {
     active_ = this;
+    handle_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(&on_start, &on_end).scopes({at::RecordScope::FUNCTION}));
   }
-  ~OpCounter() {
+  ~GemmCounter() {
     at::removeCallback(handle_);
     active_ = nullptr;
   }
+  GemmCounter(const GemmCounter&) = delete;
+  GemmCounter& operator=(const GemmCounter&) = delete;
   int count() const { return count_.load(); }
 
  private:
-  static inline OpCounter* active_ = nullptr;
-  std::string op_;
+  bool counts(const char* name) const {
+    return std::find(ops_.begin(), ops_.end(), name) != ops_.end();
+  }
+  static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+    if (active_ != nullptr && active_->counts(fn.name()) && depth_++ == 0) ++active_->count_;
+    return nullptr;
+  }
+  static void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+    if (active_ != nullptr && active_->counts(fn.name())) --depth_;
+  }
+
+  static inline GemmCounter* active_ = nullptr;
+  // Calls of a counted op in progress on this thread: an op inside another is not counted again.
+  static inline thread_local int depth_ = 0;
+  std::vector<std::string> ops_;
   std::atomic<int> count_{0};
   at::CallbackHandle handle_;
 };
@@ -529,15 +556,15 @@ TEST_CASE("convert_to_float8_training keeps each parameter's requires_grad flag"
 TEST_CASE("Permuted inputs of three or more dims give the bits of their contiguous copies",
           "[fp8]") {
   // torch::nn::Linear takes any strided input; so must its float8 replacement (torchao reshapes).
-  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp",
-                               "delayed");
+  const auto recipe =
+      GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed");
   CAPTURE(recipe);
   if (!runs_here(recipe)) return;
   torch::manual_seed(31);
   const std::vector<torch::Tensor> inputs{
-      torch::randn({5, 3, 16}).transpose(0, 1),         // [3, 5, 16], the batch dims swapped
+      torch::randn({5, 3, 16}).transpose(0, 1),           // [3, 5, 16], the batch dims swapped
       torch::randn({2, 16, 3, 4}).permute({0, 2, 3, 1}),  // [2, 3, 4, 16], channels last
-      torch::randn({16, 6}).t().unsqueeze(0)};           // [1, 6, 16], the feature dim strided
+      torch::randn({16, 6}).t().unsqueeze(0)};            // [1, 6, 16], the feature dim strided
   for (const auto& x : inputs) {
     CAPTURE(x.sizes(), x.strides());
     REQUIRE_FALSE(x.is_contiguous());
@@ -561,11 +588,12 @@ TEST_CASE("Permuted inputs of three or more dims give the bits of their contiguo
   }
 }
 
-TEST_CASE("A frozen weight's float8 layer computes no grad_weight, and an unneeded grad_input "
-          "neither",
-          "[fp8]") {
-  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp",
-                               "delayed");
+TEST_CASE(
+    "A frozen weight's float8 layer computes no grad_weight, and an unneeded grad_input "
+    "neither",
+    "[fp8]") {
+  const auto recipe =
+      GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed");
   CAPTURE(recipe);
   if (!runs_here(recipe)) return;
   // The backward's GEMMs, float8 or not: grad_input and grad_weight.
@@ -577,12 +605,11 @@ TEST_CASE("A frozen weight's float8 layer computes no grad_weight, and an unneed
     auto x = torch::randn({8, 32}).requires_grad_(input_needs_grad);
     Float8AutocastGuard float8;
     const auto loss = layer(x).square().sum();
-    OpCounter scaled("aten::_scaled_mm");
-    OpCounter plain("aten::mm");
+    GemmCounter gemms({"aten::_scaled_mm", "aten::mm"});
     loss.backward();
     if (grad_input != nullptr && input_needs_grad) *grad_input = x.grad();
     CHECK(layer->weight.grad().defined() == weight_trains);
-    return scaled.count() + plain.count();
+    return gemms.count();
   };
   torch::Tensor trained, frozen;
   const int both = gemms_in_backward(true, true, &trained);
@@ -595,12 +622,13 @@ TEST_CASE("A frozen weight's float8 layer computes no grad_weight, and an unneed
 TEST_CASE("An empty batch inside a float8 region gives the empty output Linear gives", "[fp8]") {
   // An MoE expert that received no tokens, an empty last micro-batch: torchao's amax fails on
   // zero elements; amp returns [..., 0 rows, out] and leaves delayed histories untouched.
-  const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp",
-                               "delayed");
+  const auto recipe =
+      GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed");
   CAPTURE(recipe);
   auto layer = seeded_layer(recipe, 16, 8, 6);
   std::vector<std::pair<std::string, torch::Tensor>> buffers_before;
-  for (const auto& b : layer->named_buffers()) buffers_before.emplace_back(b.key(), b.value().clone());
+  for (const auto& b : layer->named_buffers())
+    buffers_before.emplace_back(b.key(), b.value().clone());
   for (const auto& sizes : std::vector<std::vector<int64_t>>{{0, 16}, {2, 0, 16}, {0, 3, 16}}) {
     CAPTURE(sizes);
     auto x = torch::randn(sizes).requires_grad_(true);

@@ -15,6 +15,7 @@
 #include <amp/fp8.h>
 
 #include "fp8/scaling.h"
+#include "fp8_cuda_helpers.h"
 #include "fp8_helpers.h"
 
 using amp::fp8::Float8AutocastGuard;
@@ -22,8 +23,8 @@ using amp::fp8::Float8Linear;
 using amp::fp8::Float8LinearOptions;
 using amp::fp8::Recipe;
 using amp::fp8::detail::Float8Operand;
-using Catch::Matchers::Contains;
 using amp_test::same_bytes;
+using Catch::Matchers::Contains;
 
 namespace {
 
@@ -33,11 +34,6 @@ double relative_error(const torch::Tensor& actual, const torch::Tensor& expected
   const auto a = actual.detach().cpu().to(torch::kDouble);
   const auto e = expected.detach().cpu().to(torch::kDouble);
   return ((a - e).norm() / e.norm()).item<double>();
-}
-
-bool sm89_or_newer() {
-  const auto* props = at::cuda::getCurrentDeviceProperties();
-  return props->major > 8 || (props->major == 8 && props->minor >= 9);
 }
 
 // Small integers in float8 (exact in e4m3 and e5m2) with power-of-two scales: every product and
@@ -65,10 +61,7 @@ Float8Operand to_cuda(const Float8Operand& op) {
 
 TEST_CASE("Float8 GEMMs on CUDA give the CPU emulation's bits when every sum is exact",
           "[fp8][cuda]") {
-  if (!sm89_or_newer()) {
-    WARN("not run: float8 GEMMs need compute capability 8.9 or newer");
-    return;
-  }
+  if (!amp_test::float8_gemms_run_here()) return;
   const bool rowwise = GENERATE(false, true);
   const bool fast_accum = GENERATE(false, true);
   const auto out_dtype = GENERATE(torch::kFloat, torch::kBFloat16);
@@ -94,12 +87,8 @@ TEST_CASE("Float8 GEMMs on CUDA give the CPU emulation's bits when every sum is 
 }
 
 TEST_CASE("A Float8Linear trains on CUDA as on the CPU, for every recipe", "[fp8][cuda]") {
-  if (!sm89_or_newer()) {
-    WARN("not run: float8 GEMMs need compute capability 8.9 or newer");
-    return;
-  }
-  const auto recipe =
-      GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed");
+  if (!amp_test::float8_gemms_run_here()) return;
+  const auto recipe = GENERATE(from_range(amp_test::kRecipeNames));
   const auto dtype = GENERATE(torch::kFloat, torch::kBFloat16);
   CAPTURE(recipe, dtype);
   if (recipe.rfind("rowwise", 0) == 0 && !amp_test::cpu_takes_rowwise_scales()) {
@@ -141,17 +130,14 @@ TEST_CASE("A Float8Linear trains on CUDA as on the CPU, for every recipe", "[fp8
   if (recipe == "delayed") {
     // The input histories depend only on the inputs: the same bits on both devices.
     CHECK(same_bytes(gpu->named_buffers()["amax_history_input"],
-                    cpu->named_buffers()["amax_history_input"]));
+                     cpu->named_buffers()["amax_history_input"]));
     CHECK(gpu->named_buffers()["scale_input"].is_cuda());
   }
 }
 
 TEST_CASE("Transposed and offset inputs give the bits of their contiguous copies on CUDA",
           "[fp8][cuda]") {
-  if (!sm89_or_newer()) {
-    WARN("not run: float8 GEMMs need compute capability 8.9 or newer");
-    return;
-  }
+  if (!amp_test::float8_gemms_run_here()) return;
   const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "rowwise");
   CAPTURE(recipe);
   torch::manual_seed(22);
@@ -168,12 +154,8 @@ TEST_CASE("Transposed and offset inputs give the bits of their contiguous copies
 
 TEST_CASE("Permuted inputs of three or more dims give the bits of their contiguous copies on CUDA",
           "[fp8][cuda]") {
-  if (!sm89_or_newer()) {
-    WARN("not run: float8 GEMMs need compute capability 8.9 or newer");
-    return;
-  }
-  const auto recipe =
-      GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed");
+  if (!amp_test::float8_gemms_run_here()) return;
+  const auto recipe = GENERATE(from_range(amp_test::kRecipeNames));
   CAPTURE(recipe);
   torch::manual_seed(23);
   for (const auto& x : {torch::randn({16, 2, 32}, kCuda).transpose(0, 1),
@@ -203,12 +185,8 @@ TEST_CASE("Permuted inputs of three or more dims give the bits of their contiguo
 TEST_CASE("A frozen weight on CUDA takes any number of rows and still gives grad_input",
           "[fp8][cuda]") {
   // The rows are only the reduction dim of the grad_weight GEMM, which a frozen weight skips.
-  if (!sm89_or_newer()) {
-    WARN("not run: float8 GEMMs need compute capability 8.9 or newer");
-    return;
-  }
-  const auto recipe =
-      GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed");
+  if (!amp_test::float8_gemms_run_here()) return;
+  const auto recipe = GENERATE(from_range(amp_test::kRecipeNames));
   CAPTURE(recipe);
   const auto make = [&](bool weight_trains) {
     torch::manual_seed(25);
@@ -258,15 +236,12 @@ TEST_CASE("On CUDA a dimension not divisible by 16 is refused with the layer's n
                              "last) is 8"));
   // Without gradients the rows are free (no grad_weight GEMM).
   torch::NoGradGuard no_grad;
-  if (sm89_or_newer()) CHECK(head->forward(torch::randn({8, 32}, kCuda)).sizes()[0] == 8);
+  if (amp_test::sm89_or_newer()) CHECK(head->forward(torch::randn({8, 32}, kCuda)).sizes()[0] == 8);
 }
 
 TEST_CASE("A float8 training step captured in a CUDA graph replays as eager steps do",
           "[fp8][cuda]") {
-  if (!sm89_or_newer()) {
-    WARN("not run: float8 GEMMs need compute capability 8.9 or newer");
-    return;
-  }
+  if (!amp_test::float8_gemms_run_here()) return;
   const auto recipe = GENERATE(as<std::string>{}, "tensorwise", "delayed");
   CAPTURE(recipe);
   auto make = [&] {
@@ -335,10 +310,7 @@ TEST_CASE("A float8 training step captured in a CUDA graph replays as eager step
 }
 
 TEST_CASE("Weight casts kept and reused on CUDA give the bits of fresh casts", "[fp8][cuda]") {
-  if (!sm89_or_newer()) {
-    WARN("not run: float8 GEMMs need compute capability 8.9 or newer");
-    return;
-  }
+  if (!amp_test::float8_gemms_run_here()) return;
   const auto name = GENERATE(as<std::string>{}, "tensorwise", "rowwise", "delayed");
   const bool fused = GENERATE(false, true);
   CAPTURE(name, fused);
@@ -385,6 +357,6 @@ TEST_CASE("Weight casts kept and reused on CUDA give the bits of fresh casts", "
     CHECK(recorded(fresh, "amax_history_weight") == 6);
     CHECK(recorded(kept, "amax_history_input") == 6);
     CHECK(same_bytes(kept->named_buffers()["amax_history_input"].slice(0, 0, 1),
-                    torch::zeros({1}, torch::kFloat)));
+                     torch::zeros({1}, torch::kFloat)));
   }
 }

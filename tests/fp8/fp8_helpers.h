@@ -1,11 +1,18 @@
-// What the fp8 suites share: a bit-for-bit comparison of tensors on any device, and whether this
-// LibTorch's CPU float8 GEMM takes rowwise scales.
+// What the fp8 suites share: the recipes' names, a bit-for-bit comparison of tensors on any device,
+// and whether this LibTorch's CPU float8 GEMM takes rowwise scales.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <string>
+#include <vector>
+
 namespace amp_test {
+
+/// Every float8 recipe by name, in the order the suites that try them all go through them.
+inline const std::vector<std::string> kRecipeNames = {"tensorwise", "rowwise", "rowwise_with_gw_hp",
+                                                      "delayed"};
 
 /// Whether `a` and `b` have the same dtype, shape and bytes, NaN payloads and float8 included
 /// (read on the CPU, from any device; support/bits.h's same_bits ignores NaN payloads).

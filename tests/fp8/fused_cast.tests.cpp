@@ -12,47 +12,26 @@
 #include <string>
 #include <vector>
 
-#include <amp/autocast.h>
 #include <amp/fp8.h>
 
 #include "fp8/cast_element.h"
 #include "fp8/fused_cast.h"
 #include "fp8/scaling.h"
 #include "fp8_helpers.h"
+#include "fused_cast_helpers.h"
 
 using amp::fp8::CastConfig;
 using amp::fp8::Granularity;
-using amp::fp8::Recipe;
 using amp::fp8::detail::Float8Operand;
 using amp::fp8::detail::Layouts;
+using amp_test::same_values;
 namespace ce = amp::fp8::cast_element;
 
 namespace {
 
-// The same values in the same dtype (layout aside), compared as bit patterns, except that NaN
-// matches any NaN: ATen's  max reduction returns NaNs whose sign and payload depend on the
-// dtype and the code path (0xffffffff for float32, 0x7fc00000 for bfloat16), and a NaN amax
-// makes the scale and every element NaN. Where NaNs are, both must have them.
-bool same_values(const torch::Tensor& a, const torch::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
-  const auto bits_type = [](const torch::Tensor& t) {
-    return t.element_size() == 1   ? torch::kUInt8
-           : t.element_size() == 2 ? torch::kShort
-                                   : torch::kInt;
-  };
-  const auto flat_a = a.reshape(-1).contiguous(), flat_b = b.reshape(-1).contiguous();
-  const auto nan_a = torch::isnan(flat_a.to(torch::kFloat)),
-             nan_b = torch::isnan(flat_b.to(torch::kFloat));
-  const auto zero = torch::zeros({}, bits_type(a));
-  return torch::equal(nan_a, nan_b) &&
-         torch::equal(torch::where(nan_a, zero, flat_a.view(bits_type(a))),
-                      torch::where(nan_b, zero, flat_b.view(bits_type(b))));
-}
-
 bool row_major(const torch::Tensor& t) { return t.stride(1) == 1 && t.stride(0) == t.size(1); }
 bool column_major(const torch::Tensor& t) { return t.stride(0) == 1 && t.stride(1) == t.size(0); }
 
-const std::vector<torch::ScalarType> kInputTypes = {torch::kFloat, torch::kBFloat16, torch::kHalf};
 const std::vector<torch::ScalarType> kFormats = {torch::kFloat8_e4m3fn, torch::kFloat8_e5m2};
 
 ce::Format format_of(torch::ScalarType t) {
@@ -100,14 +79,6 @@ torch::Tensor make_input(int64_t rows, int64_t cols, torch::ScalarType dtype,
   auto wide = torch::zeros({rows, 2 * cols}, dtype);
   wide.slice(1, 0, 2 * cols, 2).copy_(x);
   return wide.slice(1, 0, 2 * cols, 2);
-}
-
-std::string describe(int64_t rows, int64_t cols, torch::ScalarType dtype, const std::string& layout,
-                     const std::string& values, torch::ScalarType fp8, const std::string& axis,
-                     bool power_of_2) {
-  return std::to_string(rows) + "x" + std::to_string(cols) + " " + c10::toString(dtype) + " " +
-         layout + " " + values + " -> " + c10::toString(fp8) + " " + axis +
-         (power_of_2 ? " pow2" : "");
 }
 
 }  // namespace
@@ -173,38 +144,13 @@ TEST_CASE("A fused dynamic cast gives the eager cast's bits for every shape, lay
   const std::vector<std::string> layouts = {"row-major", "column-major", "offset", "strided"};
   const std::vector<std::string> classes = {"normal", "specials", "all-zero", "tiny"};
   int64_t checked = 0;
-  int64_t seed = 0;
-  for (const auto& [rows, cols] : shapes) {
-    for (const auto dtype : kInputTypes) {
-      for (const auto& layout : layouts) {
-        for (const auto& values : classes) {
-          const auto x = make_input(rows, cols, dtype, layout, values, ++seed);
-          for (const auto fp8 : kFormats) {
-            for (const std::string axis : {"tensorwise", "rows", "columns"}) {
-              for (const bool power_of_2 : {false, true}) {
-                CastConfig config;
-                config.dtype = fp8;
-                config.granularity =
-                    axis == "tensorwise" ? Granularity::tensorwise : Granularity::rowwise;
-                const int64_t dim = axis == "columns" ? 0 : -1;
-                const auto eager =
-                    amp::fp8::detail::cast_dynamic(x, config, dim, power_of_2).flatten_rows();
-                const auto fused = amp::fp8::detail::fused_cast_dynamic(x, config, dim, power_of_2,
-                                                                        Layouts::kBoth);
-                INFO(describe(rows, cols, dtype, layout, values, fp8, axis, power_of_2));
-                REQUIRE(same_values(fused.data, eager.data));
-                REQUIRE(same_values(fused.alternate, eager.data));
-                REQUIRE(same_values(fused.scale, eager.scale));
-                REQUIRE(fused.axiswise_dim == eager.axiswise_dim);
-                REQUIRE(fused.orig_dtype == eager.orig_dtype);
-                ++checked;
-              }
-            }
-          }
-        }
-      }
-    }
-  }
+  amp_test::sweep_dynamic_casts(shapes, layouts, classes, make_input,
+                                [&](const Float8Operand& fused, const Float8Operand& eager) {
+                                  amp_test::require_same_cast(fused, eager);
+                                  REQUIRE(fused.axiswise_dim == eager.axiswise_dim);
+                                  REQUIRE(fused.orig_dtype == eager.orig_dtype);
+                                  ++checked;
+                                });
   CHECK(checked == 8 * 3 * 4 * 4 * 2 * 3 * 2);
 }
 
@@ -257,76 +203,28 @@ TEST_CASE("A fused delayed cast updates the history and scale as the eager one, 
   CAPTURE(static_cast<int>(algo), fp8, dtype);
   const auto options =
       amp::fp8::DelayedScalingOptions().amax_history_len(4).amax_compute_algo(algo).margin(1);
-  amp::fp8::detail::DelayedState eager{torch::zeros({4}), torch::ones({})};
-  amp::fp8::detail::DelayedState fused{torch::zeros({4}), torch::ones({})};
-  torch::manual_seed(5);
-  for (int step = 0; step < 7; ++step) {
-    auto x = (torch::randn({33, 40}) * std::pow(4.0, step - 3)).to(dtype);
-    if (step == 2) x[3][4] = NAN;  // ignored by the amax
-    if (step == 4) x[0][0] = INFINITY;
-    if (step == 5) x.zero_();
-    const auto a = amp::fp8::detail::cast_delayed(x, fp8, eager, options);
-    const auto b = amp::fp8::detail::fused_cast_delayed(x, fp8, fused, options, Layouts::kBoth);
-    CAPTURE(step);
-    CHECK(same_values(b.data, a.data));
-    CHECK(same_values(b.alternate, a.data));
-    CHECK(same_values(b.scale, a.scale));
-    CHECK(same_values(fused.amax_history, eager.amax_history));
-    CHECK(same_values(fused.scale, eager.scale));
-  }
+  amp_test::step_delayed_casts(
+      7, fp8, options, torch::kCPU,
+      [&](int step) {
+        auto x = (torch::randn({33, 40}) * std::pow(4.0, step - 3)).to(dtype);
+        if (step == 2) x[3][4] = NAN;  // ignored by the amax
+        if (step == 4) x[0][0] = INFINITY;
+        if (step == 5) x.zero_();
+        return x;
+      },
+      [](const Float8Operand& b, const Float8Operand& a) { CHECK(same_values(b.scale, a.scale)); });
 }
 
 TEST_CASE("Float8Linear trains to the same bits with and without fused casts, every recipe",
           "[fp8][fused]") {
-  const auto name =
-      GENERATE(as<std::string>{}, "tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed");
+  const auto name = GENERATE(from_range(amp_test::kRecipeNames));
   const bool autocast = GENERATE(false, true);
   CAPTURE(name, autocast);
   if (name.rfind("rowwise", 0) == 0 && !amp_test::cpu_takes_rowwise_scales()) {
     WARN("not run: this LibTorch's CPU at::_scaled_mm takes tensorwise scales only");
     return;
   }
-  struct Run {
-    std::vector<torch::Tensor> outputs, tensors;
-  };
-  const auto train = [&](bool fused) {
-    auto recipe = Recipe::from_name(name);
-    recipe.fused_casts = fused;
-    torch::manual_seed(6);
-    torch::nn::Sequential net(
-        amp::fp8::Float8Linear(amp::fp8::Float8LinearOptions(48, 64).recipe(recipe)),
-        torch::nn::GELU(),
-        amp::fp8::Float8Linear(amp::fp8::Float8LinearOptions(64, 32).recipe(recipe)));
-    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    Run run;
-    for (int step = 0; step < 3; ++step) {
-      sgd.zero_grad();
-      auto x = torch::randn({2, 24, 48}).requires_grad_(true);  // N-d input
-      torch::Tensor y;
-      {
-        amp::AutocastGuard guard(c10::DeviceType::CPU, torch::kBFloat16, autocast);
-        amp::fp8::Float8AutocastGuard float8;
-        y = net->forward(x);
-      }
-      y.to(torch::kFloat).square().mean().backward();
-      run.outputs.push_back(y.detach());
-      run.outputs.push_back(x.grad());
-      sgd.step();
-    }
-    for (const auto& p : net->parameters()) run.tensors.push_back(p.detach().clone());
-    for (const auto& b : net->buffers()) run.tensors.push_back(b.detach().clone());
-    return run;
-  };
-  const auto eager = train(false);
-  const auto fused = train(true);
-  REQUIRE(eager.outputs.size() == fused.outputs.size());
-  for (size_t i = 0; i < eager.outputs.size(); ++i) {
-    CAPTURE(i);
-    CHECK(same_values(fused.outputs[i], eager.outputs[i]));
-  }
-  REQUIRE(eager.tensors.size() == fused.tensors.size());
-  for (size_t i = 0; i < eager.tensors.size(); ++i) {
-    CAPTURE(i);
-    CHECK(same_values(fused.tensors[i], eager.tensors[i]));
-  }
+  const auto eager = amp_test::train_float8_mlp(name, false, torch::kCPU, 48, 64, 32, 24, autocast);
+  const auto fused = amp_test::train_float8_mlp(name, true, torch::kCPU, 48, 64, 32, 24, autocast);
+  amp_test::check_same_runs(fused, eager);
 }

@@ -133,6 +133,18 @@ std::vector<torch::Tensor> state_tensors(torch::optim::Optimizer& opt,
   return out;
 }
 
+// Steps two optimizers side by side on the same unscaled gradients of steps first .. end - 1.
+void step_both(const std::vector<torch::Tensor>& a_params, torch::optim::Optimizer& a_opt,
+               const std::vector<torch::Tensor>& b_params, torch::optim::Optimizer& b_opt,
+               int first, int end) {
+  for (int k = first; k < end; ++k) {
+    set_grads(a_params, k, 1.0, false);
+    set_grads(b_params, k, 1.0, false);
+    a_opt.step();
+    b_opt.step();
+  }
+}
+
 std::vector<torch::Tensor> on_cpu(const std::vector<torch::Tensor>& ts, bool grads = false) {
   std::vector<torch::Tensor> out;
   for (const auto& t : ts) out.push_back((grads ? t.grad() : t).detach().cpu());
@@ -173,8 +185,7 @@ TEST_CASE("CUDA low-precision steps give the CPU's bits: every family, write-bac
     CHECK(gpu_scaler.get_scale() == cpu_scaler.get_scale());
     CHECK(all_same_bits(on_cpu(gpu_params), on_cpu(cpu_params)));
     CHECK(all_same_bits(on_cpu(gpu_params, true), on_cpu(cpu_params, true)));  // unscaled
-    CHECK(all_same_bits(state_tensors(*gpu_opt, gpu_params),
-                        state_tensors(*cpu_opt, cpu_params)));
+    CHECK(all_same_bits(state_tensors(*gpu_opt, gpu_params), state_tensors(*cpu_opt, cpu_params)));
     if (poison) {
       CHECK(all_same_bits(on_cpu(gpu_params), before));
     } else {
@@ -244,7 +255,8 @@ TEST_CASE("Over a hundred parameters and one larger than a launch: each counted 
     torch::manual_seed(11);
     std::vector<torch::Tensor> params;
     for (int k = 0; k < 130; ++k) {
-      params.push_back(torch::randn({100 + k}).to(torch::kBFloat16).to(device).requires_grad_(true));
+      params.push_back(
+          torch::randn({100 + k}).to(torch::kBFloat16).to(device).requires_grad_(true));
     }
     // 2048 blocks of 16384 elements fill one launch; this one spills into a second.
     params.push_back(
@@ -257,12 +269,7 @@ TEST_CASE("Over a hundred parameters and one larger than a launch: each counted 
   const Family family = sgd ? Family::kSgdNesterov : Family::kAdamW;
   auto cpu_opt = make_optimizer(family, mode, cpu_params);
   auto gpu_opt = make_optimizer(family, mode, gpu_params);
-  for (int k = 0; k < 2; ++k) {
-    set_grads(cpu_params, k, 1.0, false);
-    set_grads(gpu_params, k, 1.0, false);
-    cpu_opt->step();
-    gpu_opt->step();
-  }
+  step_both(cpu_params, *cpu_opt, gpu_params, *gpu_opt, 0, 2);
   CHECK(all_same_bits(on_cpu(gpu_params), on_cpu(cpu_params)));
   const auto gpu_state = state_tensors(*gpu_opt, gpu_params);
   CHECK(all_same_bits(gpu_state, state_tensors(*cpu_opt, cpu_params)));
@@ -292,14 +299,10 @@ TEST_CASE("A CUDA checkpoint of a low-precision optimizer resumes bit for bit on
   }
   auto resumed_opt = make_optimizer(family, mode, resumed);
   torch::load(*resumed_opt, saved);
-  for (int k = 2; k < 4; ++k) {
-    set_grads(straight, k, 1.0, false);
-    set_grads(resumed, k, 1.0, false);
-    straight_opt->step();
-    resumed_opt->step();
-  }
+  step_both(straight, *straight_opt, resumed, *resumed_opt, 2, 4);
   CHECK(all_same_bits(on_cpu(resumed), on_cpu(straight)));
-  CHECK(all_same_bits(state_tensors(*resumed_opt, resumed), state_tensors(*straight_opt, straight)));
+  CHECK(
+      all_same_bits(state_tensors(*resumed_opt, resumed), state_tensors(*straight_opt, straight)));
   // The loaded state lives on the parameters' device, counts included.
   for (const auto& p : resumed) {
     auto& state = *resumed_opt->state().at(p.unsafeGetTensorImpl());
