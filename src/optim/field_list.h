@@ -189,18 +189,13 @@ class StateList {
   std::tuple<Fields...> fields_;
 };
 
-/// Defines an options type's two serialize() members and operator== from its OptionList,
-/// `fields()`.
-#define AMP_OPTIONS_FROM_FIELDS(Options, fields)                            \
-  void Options::serialize(torch::serialize::OutputArchive& archive) const { \
-    fields().write(*this, archive);                                         \
-  }                                                                         \
-  void Options::serialize(torch::serialize::InputArchive& archive) {        \
-    fields().read(*this, archive);                                          \
-  }                                                                         \
-  bool operator==(const Options& lhs, const Options& rhs) { return fields().equal(lhs, rhs); }
-
-/// The same for a ParamState type and its StateList.
-#define AMP_STATE_FROM_FIELDS(State, fields) AMP_OPTIONS_FROM_FIELDS(State, fields)
+/// Defines the two serialize() members and operator== of an options type from its OptionList,
+/// or of a ParamState type from its StateList, `fields()`.
+#define AMP_SERIALIZE_FROM_FIELDS(Type, fields)                                                    \
+  void Type::serialize(torch::serialize::OutputArchive& archive) const {                           \
+    fields().write(*this, archive);                                                                \
+  }                                                                                                \
+  void Type::serialize(torch::serialize::InputArchive& archive) { fields().read(*this, archive); } \
+  bool operator==(const Type& lhs, const Type& rhs) { return fields().equal(lhs, rhs); }
 
 }  // namespace amp::optim::detail

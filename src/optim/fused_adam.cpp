@@ -195,9 +195,9 @@ const auto& adam_state_fields() {
 
 }  // namespace
 
-AMP_OPTIONS_FROM_FIELDS(FusedAdamOptions, adam_fields<FusedAdamOptions>)
-AMP_OPTIONS_FROM_FIELDS(FusedAdamWOptions, adam_fields<FusedAdamWOptions>)
-AMP_STATE_FROM_FIELDS(FusedAdamParamState, adam_state_fields)
+AMP_SERIALIZE_FROM_FIELDS(FusedAdamOptions, adam_fields<FusedAdamOptions>)
+AMP_SERIALIZE_FROM_FIELDS(FusedAdamWOptions, adam_fields<FusedAdamWOptions>)
+AMP_SERIALIZE_FROM_FIELDS(FusedAdamParamState, adam_state_fields)
 
 // ---- the optimizers ----
 

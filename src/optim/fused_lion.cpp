@@ -41,8 +41,8 @@ const auto& lion_state_fields() {
 
 }  // namespace
 
-AMP_OPTIONS_FROM_FIELDS(FusedLionOptions, lion_fields)
-AMP_STATE_FROM_FIELDS(FusedLionParamState, lion_state_fields)
+AMP_SERIALIZE_FROM_FIELDS(FusedLionOptions, lion_fields)
+AMP_SERIALIZE_FROM_FIELDS(FusedLionParamState, lion_state_fields)
 
 // ---- the optimizer ----
 

@@ -46,8 +46,8 @@ const auto& sgd_state_fields() {
 
 }  // namespace
 
-AMP_OPTIONS_FROM_FIELDS(FusedSGDOptions, sgd_fields)
-AMP_STATE_FROM_FIELDS(FusedSGDParamState, sgd_state_fields)
+AMP_SERIALIZE_FROM_FIELDS(FusedSGDOptions, sgd_fields)
+AMP_SERIALIZE_FROM_FIELDS(FusedSGDParamState, sgd_state_fields)
 
 // ---- the optimizer ----
 

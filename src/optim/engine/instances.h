@@ -12,9 +12,12 @@
 
 namespace amp::optim::detail {
 
+/// StepKind::rule of a rule that rules/all.h does not list (run_rule_step_here).
+constexpr size_t kUnlistedRule = static_cast<size_t>(-1);
+
 /// The instantiation a step runs.
 struct StepKind {
-  size_t rule;                 // rule_id<Rule>()
+  size_t rule;                 // rule_id<Rule>(), or kUnlistedRule
   kernels::Dtype param_dtype;  // kFloat, kBFloat16 or kHalf
   kernels::Dtype state_dtype;  // kFloat, kBFloat16 or kHalf (kFloat for float32 parameters)
   WriteBack write_back;        // kRoundNearest for float32 parameters

@@ -68,7 +68,7 @@ void run_rule_step_here(const std::vector<StepSlot>& slots, const typename Rule:
                 slot.param.device(), ". List the rule in rules/all.h for the CUDA kernel.");
   }
   cpu::run_rule_on_cpu<Rule>(
-      0, slots, hyper, args,
+      kUnlistedRule, slots, hyper, args,
       [](const StepKind& kind, const cpu::RangePointers& r, const void* scalars, uint64_t key,
          bool unscale, int64_t begin,
          int64_t end) { cpu::rule_range<Rule>(kind, r, scalars, key, unscale, begin, end); });
