@@ -104,11 +104,10 @@ struct MismatchedDevice : torch::autograd::Function<MismatchedDevice> {
 };
 
 // Python: a = [[1, 2], [3, 4]], b = [[0.5, -1], [2, 0.25]], y = a @ b, y.sum().backward().
-torch::Tensor input_a() {
-  return torch::tensor({{1.0f, 2.0f}, {3.0f, 4.0f}}, torch::requires_grad());
-}
-torch::Tensor input_b() {
-  return torch::tensor({{0.5f, -1.0f}, {2.0f, 0.25f}}, torch::requires_grad());
+// Fresh leaves a and b, each requiring grad.
+std::pair<torch::Tensor, torch::Tensor> inputs() {
+  return {torch::tensor({{1.0f, 2.0f}, {3.0f, 4.0f}}, torch::requires_grad()),
+          torch::tensor({{0.5f, -1.0f}, {2.0f, 0.25f}}, torch::requires_grad())};
 }
 const auto kExpectedY = [] { return torch::tensor({{4.5f, -0.5f}, {9.5f, -2.0f}}); };
 const auto kExpectedGradA = [] { return torch::tensor({{-0.5f, 2.25f}, {-0.5f, 2.25f}}); };
@@ -118,8 +117,7 @@ const auto kExpectedGradB = [] { return torch::tensor({{4.0f, 4.0f}, {6.0f, 6.0f
 
 TEST_CASE("custom_fwd without cast runs forward and backward under the caller's autocast",
           "[autocast][custom_function]") {
-  auto a = input_a();
-  auto b = input_b();
+  auto [a, b] = inputs();
   torch::Tensor y;
   {
     amp::AutocastGuard autocast(torch::kCPU);
@@ -145,8 +143,7 @@ TEST_CASE("custom_fwd without cast runs forward and backward under the caller's 
 
 TEST_CASE("custom_fwd without cast outside a region records autocast off",
           "[autocast][custom_function]") {
-  auto a = input_a();
-  auto b = input_b();
+  auto [a, b] = inputs();
   const auto y = AutocastMatmul::apply(a, b);
   CHECK_FALSE(observed.forward_autocast);
   CHECK(y.scalar_type() == torch::kFloat);
@@ -162,8 +159,7 @@ TEST_CASE("custom_fwd without cast outside a region records autocast off",
 
 TEST_CASE("custom_fwd with cast_inputs casts floating inputs and runs forward without autocast",
           "[autocast][custom_function]") {
-  auto a = input_a();
-  auto b = input_b();
+  auto [a, b] = inputs();
   torch::Tensor y;
   {
     amp::AutocastGuard autocast(torch::kCPU);
@@ -186,8 +182,7 @@ TEST_CASE("custom_fwd with cast_inputs casts floating inputs and runs forward wi
 
 TEST_CASE("custom_fwd with cast_inputs outside a region leaves inputs alone",
           "[autocast][custom_function]") {
-  auto a = input_a();
-  auto b = input_b();
+  auto [a, b] = inputs();
   const auto y = Fp32Matmul::apply(a.to(torch::kBFloat16), b.to(torch::kBFloat16));
   CHECK(observed.forward_a == torch::kBFloat16);
   CHECK(observed.forward_mm == torch::kBFloat16);

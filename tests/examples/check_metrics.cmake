@@ -9,16 +9,11 @@
 #   EXPECT_OUTPUT  regular expression that stdout must match (the summary line)
 cmake_minimum_required(VERSION 3.25)
 
-string(REPLACE "|" ";" _args "${ARGS}")
+include("${CMAKE_CURRENT_LIST_DIR}/run_helpers.cmake")
 get_filename_component(_csv_dir "${CSV}" DIRECTORY)
 file(MAKE_DIRECTORY "${_csv_dir}")
 file(REMOVE "${CSV}")
-execute_process(COMMAND "${PROGRAM}" ${_args} --metrics "${CSV}"
-  RESULT_VARIABLE _rc OUTPUT_VARIABLE _stdout ERROR_VARIABLE _stderr)
-message("$ ${PROGRAM} ${_args} --metrics ${CSV}\n${_stdout}${_stderr}-- exit code ${_rc}")
-if(NOT _rc EQUAL 0)
-  message(FATAL_ERROR "expected exit code 0, got ${_rc}")
-endif()
+run_program(_stdout --metrics "${CSV}")
 # ctest captures stdout through a pipe: the progress line must stay off, leaving plain lines.
 string(FIND "${_stdout}" "\r" _carriage_return)
 if(NOT _carriage_return EQUAL -1)

@@ -13,40 +13,9 @@
 #   WORK_DIR
 cmake_minimum_required(VERSION 3.25)
 
-string(REPLACE "|" ";" _args "${ARGS}")
+include("${CMAKE_CURRENT_LIST_DIR}/run_helpers.cmake")
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
-
-# Runs the program with ARGS plus ARGN; sets <out_var> to its stdout, failing the test on a
-# non-zero exit code.
-function(run_program out_var)
-  execute_process(COMMAND "${PROGRAM}" ${_args} ${ARGN}
-    RESULT_VARIABLE _rc OUTPUT_VARIABLE _stdout ERROR_VARIABLE _stderr)
-  message("$ ${PROGRAM} ${_args} ${ARGN}\n${_stdout}${_stderr}-- exit code ${_rc}")
-  if(NOT _rc EQUAL 0)
-    message(FATAL_ERROR "expected exit code 0, got ${_rc}")
-  endif()
-  set(${out_var} "${_stdout}" PARENT_SCOPE)
-endfunction()
-
-# Sets <out_var> to the epoch lines of <stdout> numbered above STOP_AFTER, each without its
-# trailing ", T s" timing, and <out_var>_params to its parameter fingerprint.
-function(later_epochs out_var stdout)
-  string(REGEX MATCHALL "epoch [0-9]+/[0-9]+: [^\n]*" _lines "${stdout}")
-  set(_kept "")
-  foreach(_line IN LISTS _lines)
-    string(REGEX MATCH "^epoch ([0-9]+)/" _ "${_line}")
-    if(CMAKE_MATCH_1 GREATER STOP_AFTER)
-      string(REGEX REPLACE ", [0-9]+\\.[0-9]+ s$" "" _line "${_line}")
-      list(APPEND _kept "${_line}")
-    endif()
-  endforeach()
-  if(NOT stdout MATCHES "parameters: fingerprint ([0-9a-f]+)")
-    message(FATAL_ERROR "the 'parameters: fingerprint ...' line is missing")
-  endif()
-  set(${out_var} "${_kept}" PARENT_SCOPE)
-  set(${out_var}_params "${CMAKE_MATCH_1}" PARENT_SCOPE)
-endfunction()
 
 set(_split "${WORK_DIR}/split.pt")
 run_program(_whole --epochs ${EPOCHS} --checkpoint "${WORK_DIR}/whole.pt")
@@ -65,24 +34,16 @@ if(NOT _rest MATCHES "resumed from [^\n]*split.pt after epoch ${STOP_AFTER}\n")
   message(FATAL_ERROR "the resumed run does not say it resumed after epoch ${STOP_AFTER}")
 endif()
 
-later_epochs(_expected "${_whole}")
-later_epochs(_actual "${_rest}")
+epoch_lines(_expected "${_whole}" ${STOP_AFTER})
+epoch_lines(_actual "${_rest}" ${STOP_AFTER})
 list(LENGTH _expected _count)
 math(EXPR _want "${EPOCHS} - ${STOP_AFTER}")
 if(NOT _count EQUAL _want)
   message(FATAL_ERROR "the uninterrupted run printed ${_count} lines for epochs after "
                       "${STOP_AFTER}, expected ${_want}")
 endif()
-if(NOT _actual STREQUAL _expected)
-  string(REPLACE ";" "\n  " _expected_text "${_expected}")
-  string(REPLACE ";" "\n  " _actual_text "${_actual}")
-  message(FATAL_ERROR "the resumed run's epochs differ from the uninterrupted run's:\n"
-                      "uninterrupted:\n  ${_expected_text}\nresumed:\n  ${_actual_text}")
-endif()
-if(NOT _actual_params STREQUAL _expected_params)
-  message(FATAL_ERROR "the final parameters differ: fingerprint ${_expected_params} "
-                      "uninterrupted, ${_actual_params} resumed")
-endif()
+require_same_runs("uninterrupted" "${_expected}" "${_expected_params}" "resumed" "${_actual}"
+                  "${_actual_params}")
 # A checkpoint only continues the run it came from: other settings are refused, naming both.
 execute_process(COMMAND "${PROGRAM}" ${_args} --epochs ${EPOCHS} --checkpoint "${_split}"
     --resume --batch-size 7

@@ -16,11 +16,6 @@
 #include "fp8_helpers.h"
 
 using amp::fp8::DelayedScalingOptions;
-using amp::fp8::Float8AutocastGuard;
-using amp::fp8::Float8Linear;
-using amp::fp8::Float8LinearOptions;
-using amp::fp8::Recipe;
-using amp_test::same_bytes;
 
 namespace {
 

@@ -25,12 +25,7 @@
 #include "fp8_helpers.h"
 #include "support/temp_dir.h"
 
-using amp::fp8::Float8AutocastGuard;
-using amp::fp8::Float8Linear;
 using amp::fp8::Float8LinearImpl;
-using amp::fp8::Float8LinearOptions;
-using amp::fp8::Recipe;
-using amp_test::same_bytes;
 using Catch::Matchers::Contains;
 
 namespace {

@@ -18,12 +18,7 @@
 #include "fp8_cuda_helpers.h"
 #include "fp8_helpers.h"
 
-using amp::fp8::Float8AutocastGuard;
-using amp::fp8::Float8Linear;
-using amp::fp8::Float8LinearOptions;
-using amp::fp8::Recipe;
 using amp::fp8::detail::Float8Operand;
-using amp_test::same_bytes;
 using Catch::Matchers::Contains;
 
 namespace {

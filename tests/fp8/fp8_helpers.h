@@ -1,5 +1,5 @@
-// What the fp8 suites share: the recipes' names, a bit-for-bit comparison of tensors on any device,
-// and whether this LibTorch's CPU float8 GEMM takes rowwise scales.
+// What the fp8 suites share: their common names, the recipes' names, a bit-for-bit comparison of
+// tensors on any device, and whether this LibTorch's CPU float8 GEMM takes rowwise scales.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -7,6 +7,14 @@
 
 #include <string>
 #include <vector>
+
+#include <amp/fp8.h>
+
+// The fp8 types every suite names, for the whole file that includes this header.
+using amp::fp8::Float8AutocastGuard;
+using amp::fp8::Float8Linear;
+using amp::fp8::Float8LinearOptions;
+using amp::fp8::Recipe;
 
 namespace amp_test {
 
@@ -36,3 +44,5 @@ inline bool cpu_takes_rowwise_scales() {
 }
 
 }  // namespace amp_test
+
+using amp_test::same_bytes;

@@ -16,12 +16,7 @@
 
 #include "fp8/fp8_helpers.h"
 
-using amp::fp8::Float8AutocastGuard;
-using amp::fp8::Float8Linear;
-using amp::fp8::Float8LinearOptions;
-using amp::fp8::Recipe;
 using amp::fp8::WeightCasts;
-using amp_test::same_bytes;
 using Catch::Contains;
 
 namespace {

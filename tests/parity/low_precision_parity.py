@@ -14,8 +14,8 @@ import sys
 import torch
 
 from low_precision_reference import LowPrecisionOptimizer
-from optim_parity import compare_runs, run_reference
-from scaler_parity import DTYPES, make_inputs, scenario_config
+from optim_parity import run_parity
+from scaler_parity import DTYPES
 
 # mode: nearest, master, kahan or sr. state_dtype: "" (the default: float32) or a dtype name.
 # resume_at: the C++ run saves its optimizer
@@ -87,12 +87,7 @@ def make_optimizer(config, params):
 
 
 def main(scenario, driver, workdir, device="cpu"):
-    config = scenario_config(DEFAULTS, SCENARIOS, scenario, workdir, device)
-    weights, xs, ys = make_inputs(dict(config, two_models=0, accumulate=1, data_scale=1.0))
-    dtype = DTYPES[config["param_dtype"]]
-    weights, xs, ys = ([t.to(dtype) for t in ts] for ts in (weights, xs, ys))
-    expected = run_reference(config, weights, xs, ys, make_optimizer)
-    compare_runs(scenario, config, weights, xs, ys, expected, driver, workdir)
+    run_parity(DEFAULTS, SCENARIOS, scenario, driver, workdir, device, make_optimizer)
 
 
 if __name__ == "__main__":

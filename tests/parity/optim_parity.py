@@ -162,13 +162,19 @@ def skipped_steps_change_nothing(config, weights, actual):
     return problems
 
 
-def main(scenario, driver, workdir, device="cpu"):
-    config = scenario_config(DEFAULTS, SCENARIOS, scenario, workdir, device)
+def run_parity(defaults, scenarios, scenario, driver, workdir, device, optimizer_factory=None):
+    """One scenario of an optimizer parity suite: inputs in the parameters' dtype, the reference
+    run with `optimizer_factory` (default: torch.optim's fused one), then the driver's, compared."""
+    config = scenario_config(defaults, scenarios, scenario, workdir, device)
     weights, xs, ys = make_inputs(dict(config, two_models=0, accumulate=1, data_scale=1.0))
     dtype = DTYPES[config["param_dtype"]]
     weights, xs, ys = ([t.to(dtype) for t in ts] for ts in (weights, xs, ys))
-    expected = run_reference(config, weights, xs, ys)
+    expected = run_reference(config, weights, xs, ys, optimizer_factory)
     compare_runs(scenario, config, weights, xs, ys, expected, driver, workdir)
+
+
+def main(scenario, driver, workdir, device="cpu"):
+    run_parity(DEFAULTS, SCENARIOS, scenario, driver, workdir, device)
 
 
 def compare_runs(scenario, config, weights, xs, ys, expected, driver, workdir):

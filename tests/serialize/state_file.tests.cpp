@@ -25,8 +25,6 @@
 
 using amp::detail::parse_state_file;
 using amp::detail::parse_state_pickle;
-using amp::detail::read_zip_directory;
-using amp::detail::ReaderError;
 using amp::detail::StateEntries;
 using amp::detail::StateValue;
 using Catch::Contains;
@@ -154,7 +152,7 @@ const std::string kSmallPickle =
 std::string refusal(std::string_view bytes) {
   try {
     parse_state_file(bytes);
-  } catch (const ReaderError& e) {
+  } catch (const amp::detail::ReaderError& e) {
     return e.what();
   }
   FAIL("the file was accepted");
@@ -164,7 +162,7 @@ std::string refusal(std::string_view bytes) {
 std::string pickle_refusal(std::string_view pickle) {
   try {
     parse_state_pickle(pickle, "archive/data.pkl");
-  } catch (const ReaderError& e) {
+  } catch (const amp::detail::ReaderError& e) {
     return e.what();
   }
   FAIL("the pickle was accepted");
@@ -243,11 +241,11 @@ TEST_CASE("A state file's scale is read as the float or int Python wrote", "[sta
   CHECK(ints[0].second.i == 1024);
 }
 
-TEST_CASE("read_zip_directory lists a state file's entries as Python's zipfile does",
+TEST_CASE("amp::detail::read_zip_directory lists a state file's entries as Python's zipfile does",
           "[state][file][python]") {
   const std::string path = kCorpus + "/py_amp_keys_p5.pt";
   const auto expected = python_rows("zip \"" + path + "\"");
-  const auto entries = read_zip_directory(read_file(path));
+  const auto entries = amp::detail::read_zip_directory(read_file(path));
   REQUIRE(entries.size() == expected.size());
   REQUIRE(entries.size() == 6);
   for (std::size_t k = 0; k < entries.size(); ++k) {

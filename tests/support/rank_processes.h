@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include <sys/types.h>
+#include <sys/types.h>  // pid_t
 
 namespace amp_test {
 
-/// What one rank did.
+/// What one rank did: how it ended, when, and what it printed.
 struct RankResult {
   int rank = 0;
   /// The exit code, or -signal when killed (-9 when the deadline passed).
