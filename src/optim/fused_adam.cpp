@@ -213,10 +213,9 @@ template <typename Options>
 void step_adam_group(StateMap& states, const Options& options, const detail::GroupWork& work,
                      const std::optional<at::Tensor>& grad_scale,
                      const std::optional<at::Tensor>& found_inf,
-                     const std::vector<torch::optim::OptimizerParamGroup>& groups,
-                     const std::string& where, const std::function<at::Tensor()>& lr_tensor) {
+                     const detail::ParamPositions& positions, const std::string& where,
+                     const std::function<at::Tensor()>& lr_tensor) {
   constexpr bool decoupled = std::is_same_v<Options, FusedAdamWOptions>;
-  const detail::ParamPositions positions(groups);
   adam_step_group(states, options, decoupled, work, grad_scale, found_inf, lr_tensor, positions,
                   where);
 }
@@ -244,7 +243,8 @@ void step_adam_group(StateMap& states, const Options& options, const detail::Gro
   void Optimizer::step_group(                                                                     \
       size_t group_index, const Optimizer##Options& options, const detail::GroupWork& work,       \
       const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {  \
-    step_adam_group(state_, options, work, grad_scale, found_inf, param_groups_,                  \
+    step_adam_group(state_, options, work, grad_scale, found_inf,                                 \
+                    detail::ParamPositions(param_groups_, param_positions()),                     \
                     detail::group_where(name(), group_index),                                     \
                     [&] { return lr_tensor(group_index, options.lr(), work.device); });           \
   }                                                                                               \

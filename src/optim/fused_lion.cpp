@@ -102,7 +102,7 @@ void FusedLion::step_group(size_t group_index, const FusedLionOptions& o,
                            const std::optional<at::Tensor>& grad_scale,
                            const std::optional<at::Tensor>& found_inf) {
   const std::string where = detail::group_where(name(), group_index);
-  const detail::ParamPositions positions(param_groups_);
+  const detail::ParamPositions positions(param_groups_, param_positions());
   const auto [beta1, beta2] = o.betas();
   const detail::LionHyper hyper{o.lr(), beta1, beta2, o.weight_decay(), o.maximize()};
   for (const auto& [dtype, params] : work.params_by_dtype) {

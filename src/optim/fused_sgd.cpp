@@ -133,7 +133,7 @@ void FusedSGD::step_group(size_t group_index, const FusedSGDOptions& o,
   std::optional<detail::ParamPositions> positions;
   for (const auto& [dtype, params] : work.params_by_dtype) {
     if (const auto plan = detail::low_precision_plan(o, dtype)) {
-      if (!positions) positions.emplace(param_groups_);
+      if (!positions) positions.emplace(param_groups_, param_positions());
       sgd_low_precision(state_, o, *plan, params, *positions, grad_scale, found_inf,
                         detail::group_where(name(), group_index));
       continue;

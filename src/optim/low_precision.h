@@ -203,9 +203,13 @@ void read_low_precision(Options& o, torch::serialize::InputArchive& archive) {
 /// of rounding bits it draws, stable across save and load. Counted on first use.
 class ParamPositions {
  public:
-  explicit ParamPositions(const std::vector<torch::optim::OptimizerParamGroup>& groups)
-      : groups_(groups) {}
+  /// `given`: positions set from outside (PositionedParams), which take precedence.
+  ParamPositions(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                 const std::unordered_map<const void*, uint64_t>& given)
+      : groups_(groups), given_(given) {}
   uint64_t of(const at::Tensor& param) const {
+    if (const auto found = given_.find(param.unsafeGetTensorImpl()); found != given_.end())
+      return found->second;
     if (positions_.empty()) {
       uint64_t next = 0;
       for (const auto& group : groups_) {
@@ -217,6 +221,7 @@ class ParamPositions {
 
  private:
   const std::vector<torch::optim::OptimizerParamGroup>& groups_;
+  const std::unordered_map<const void*, uint64_t>& given_;
   mutable std::unordered_map<const void*, uint64_t> positions_;
 };
 

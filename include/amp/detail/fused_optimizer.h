@@ -3,6 +3,7 @@
 // optimizers' public headers; not an API of its own.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +18,29 @@
 #include <amp/export.h>
 #include <amp/scaler_hooks.h>
 
+namespace amp::optim {
+
+/// An optimizer whose per-parameter streams of random bits (stochastic rounding) follow each
+/// parameter's position in the optimizer (groups in order, parameters in order). A wrapper that
+/// gives it part of a larger optimizer's parameters (amp::distributed::ZeroRedundancyOptimizer)
+/// sets their positions in the whole, so that each parameter draws the bits it would draw there.
+class AMP_EXPORT PositionedParams {
+ public:
+  virtual ~PositionedParams() = default;
+  /// Each listed parameter's position, by its TensorImpl; a parameter not listed keeps its own.
+  void set_param_positions(std::unordered_map<const void*, uint64_t> positions) {
+    param_positions_ = std::move(positions);
+  }
+  const std::unordered_map<const void*, uint64_t>& param_positions() const {
+    return param_positions_;
+  }
+
+ private:
+  std::unordered_map<const void*, uint64_t> param_positions_;
+};
+
+}  // namespace amp::optim
+
 namespace amp::optim::detail {
 struct GroupWork;
 
@@ -28,7 +52,9 @@ struct GroupWork;
 /// add_param_groups() from its constructor and defines the four hooks; the source that defines
 /// it instantiates the base (src/optim/fused_optimizer.h has the definitions).
 template <typename Options, typename ParamState>
-class AMP_EXPORT FusedOptimizer : public torch::optim::Optimizer, public SupportsAmpScaling {
+class AMP_EXPORT FusedOptimizer : public torch::optim::Optimizer,
+                                  public SupportsAmpScaling,
+                                  public PositionedParams {
  public:
   /// One fused kernel call per param group and parameter dtype; runs the closure first (under
   /// grad mode) when given and returns its loss. Unscales by grad_scale() and skips on
