@@ -11,7 +11,8 @@ set(_amp_header_excludes "")
 if(AMP_WITH_DISTRIBUTED)
   list(APPEND _amp_installed_targets amp_distributed)  # amp::distributed, the component
 else()
-  set(_amp_header_excludes PATTERN "distributed.h" EXCLUDE PATTERN "distributed_export.h" EXCLUDE)
+  set(_amp_header_excludes PATTERN "distributed.h" EXCLUDE PATTERN "distributed_export.h" EXCLUDE
+    PATTERN "distributed" EXCLUDE)
 endif()
 install(TARGETS ${_amp_installed_targets} EXPORT ampTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -23,29 +23,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "distributed/rank_jobs.h"
 #include "support/rank_processes.h"
 #include "support/temp_dir.h"
 
 namespace {
 
 namespace dist = amp::distributed;
+using amp_test::describe;
 using amp_test::RankResult;
-
-// Runs `count` ranks of a `world`-rank job of the worker scenario `args`.
-std::vector<RankResult> run_ranks(const std::vector<std::string>& args, int world, int count = 0,
-                                  std::map<std::string, std::string> env = {},
-                                  std::chrono::seconds deadline = std::chrono::seconds(90)) {
-  c10d::TCPStoreOptions options;
-  options.port = 0;  // a free port, bound before any rank starts
-  options.isServer = true;
-  options.waitWorkers = false;
-  options.multiTenant = true;
-  options.timeout = std::chrono::seconds(60);
-  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
-  amp_test::RankProcesses ranks(AMP_TEST_WORKER, args, world, count > 0 ? count : world,
-                                store->getPort(), env);
-  return ranks.wait_all(deadline);
-}
+using amp_test::require_all_succeeded;
+using amp_test::run_ranks;
+using amp_test::single_rank_group;
 
 // A port nobody listens on now (bound and released; the ranks bind it again right after).
 uint16_t unused_port() {
@@ -59,20 +48,6 @@ uint16_t unused_port() {
   REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0);
   ::close(fd);
   return ntohs(address.sin_port);
-}
-
-std::string describe(const std::vector<RankResult>& results) {
-  std::string text;
-  for (const auto& r : results) {
-    text += "rank " + std::to_string(r.rank) + " status " + std::to_string(r.status) + "\n" +
-            r.out + r.err;
-  }
-  return text;
-}
-
-void require_all_succeeded(const std::vector<RankResult>& results) {
-  INFO(describe(results));
-  for (const auto& r : results) REQUIRE(r.status == 0);
 }
 
 // Rank 2 of a 3-rank job exited with 3 (it died on purpose, under a 5-second timeout): ranks 0
@@ -111,12 +86,6 @@ std::string bits(const std::vector<float>& values) {
   std::string text;
   for (size_t i = 0; i < values.size(); ++i) text += (i ? "," : "") + bits(values[i]);
   return text;
-}
-
-c10::intrusive_ptr<c10d::ProcessGroup> single_rank_group(const amp_test::TempDir& dir,
-                                                         dist::GroupOptions options = {}) {
-  auto store = c10::make_intrusive<c10d::FileStore>((dir.path() / "store").string(), 1);
-  return dist::new_gloo_group(store, 0, 1, options.gloo_hostname("127.0.0.1"));
 }
 
 }  // namespace

@@ -36,36 +36,17 @@
 
 #include "fp8/amax_batch.h"
 #include "support/host_reads.h"
+#include "worker_support.h"
+#include "zero_worker.h"
 
 namespace {
 
 namespace dist = amp::distributed;
-
-std::string hex(const at::Tensor& values) {
-  const at::Tensor host = values.detach().to(at::kCPU, at::kFloat).contiguous().reshape({-1});
-  std::string text;
-  char word[16];
-  for (int64_t i = 0; i < host.numel(); ++i) {
-    uint32_t bits = 0;
-    const float value = host.data_ptr<float>()[i];
-    std::memcpy(&bits, &value, sizeof bits);
-    std::snprintf(word, sizeof word, "%s%08" PRIx32, i > 0 ? "," : "", bits);
-    text += word;
-  }
-  return text;
-}
-
-void print(const std::string& key, const std::string& value) {
-  std::printf("%s %s\n", key.c_str(), value.c_str());
-  std::fflush(stdout);
-}
-
-dist::GroupOptions group_options() {
-  const char* timeout = std::getenv("AMP_TEST_TIMEOUT_MS");
-  return dist::GroupOptions()
-      .timeout(std::chrono::milliseconds(timeout ? std::atoll(timeout) : 60000))
-      .gloo_hostname("127.0.0.1");
-}
+using amp_worker::group_options;
+using amp_worker::hex;
+using amp_worker::ParityConfig;
+using amp_worker::print;
+using amp_worker::read_raw;
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, at::Tensor w) {
   if (kind == "sgd") return std::make_unique<torch::optim::SGD>(std::vector<at::Tensor>{w}, 0.5);
@@ -451,30 +432,6 @@ void stalls(const dist::TorchrunEnv& env) {
   print("finished", "1");
 }
 
-// Reads `count` float32 (or int64) values written raw by ddp_parity.py.
-at::Tensor read_raw(const std::string& path, std::vector<int64_t> shape, at::ScalarType dtype) {
-  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) throw std::runtime_error("cannot open " + path);
-  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
-  const size_t got = std::fread(t.data_ptr(), 1, bytes, file);
-  std::fclose(file);
-  if (got != bytes) throw std::runtime_error("short read of " + path);
-  return t;
-}
-
-// The scenario of tests/parity/ddp_parity.py, as "key=value" arguments.
-struct ParityConfig {
-  std::map<std::string, std::string> values;
-  const std::string& at(const std::string& key) const {
-    const auto found = values.find(key);
-    if (found == values.end()) throw std::runtime_error("ddp_parity: missing " + key + "=");
-    return found->second;
-  }
-  int64_t integer(const std::string& key) const { return std::atoll(at(key).c_str()); }
-  double real(const std::string& key) const { return std::atof(at(key).c_str()); }
-};
-
 // fc1 -> relu -> fc2, plus a side head added on even steps only when the scenario has unused
 // parameters: the model of ddp_parity.py, registered in the same order.
 struct ParityNet : torch::nn::Module {
@@ -707,12 +664,7 @@ int main(int argc, char** argv) {
     } else if (scenario == "stalls") {
       stalls(env);
     } else if (scenario == "ddp_parity" && args.size() >= 2) {
-      ParityConfig config;
-      for (size_t i = 2; i < args.size(); ++i) {
-        const size_t eq = args[i].find('=');
-        if (eq != std::string::npos) config.values[args[i].substr(0, eq)] = args[i].substr(eq + 1);
-      }
-      ddp_parity(env, args[1], config);
+      ddp_parity(env, args[1], amp_worker::parse_config(args, 2));
     } else if (scenario == "low_precision" && args.size() == 2) {
       low_precision(env, args[1]);
     } else if (scenario == "fp8_delayed" && args.size() == 2) {
@@ -727,12 +679,28 @@ int main(int argc, char** argv) {
       fault(env, args[1]);
     } else if (scenario == "join") {
       join();
+    } else if (scenario == "zero_parity" && args.size() >= 2) {
+      amp_worker::zero_parity(env, args[1], amp_worker::parse_config(args, 2));
+    } else if (scenario == "zero_equal" && args.size() == 4) {
+      amp_worker::zero_equal(env, args[1], args[2], args[3]);
+    } else if (scenario == "zero_skip_unsynced" && args.size() == 2) {
+      amp_worker::zero_skip_unsynced(env, args[1]);
+    } else if (scenario == "zero_errors" && args.size() == 2) {
+      amp_worker::zero_errors(env, args[1]);
+    } else if (scenario == "zero_roundtrip" && args.size() == 2) {
+      amp_worker::zero_roundtrip(env, args[1]);
+    } else if (scenario == "zero_resume" && args.size() == 2) {
+      amp_worker::zero_resume(env, args[1]);
+    } else if (scenario == "zero_partial_consolidate") {
+      amp_worker::zero_partial_consolidate(env);
     } else {
-      std::fprintf(stderr,
-                   "usage: amp_distributed_worker "
-                   "skip|ddp_grads|overflow|options_differ|dies|stalls|ddp_parity|low_precision|"
-                   "fp8_delayed|fp8_delayed_ddp|ddp_resume|overlap|fault|join "
-                   "...\n");
+      std::fprintf(
+          stderr,
+          "usage: amp_distributed_worker "
+          "skip|ddp_grads|overflow|options_differ|dies|stalls|ddp_parity|low_precision|"
+          "fp8_delayed|fp8_delayed_ddp|ddp_resume|overlap|fault|join|zero_parity|zero_equal|"
+          "zero_skip_unsynced|zero_errors|zero_roundtrip|zero_resume|zero_partial_consolidate "
+          "...\n");
       return 64;
     }
   } catch (const c10::Error& error) {
