@@ -166,6 +166,8 @@ void ZeroRedundancyOptimizer::load(torch::serialize::InputArchive& archive) {
     shard->param_groups()[g].set_options(whole->param_groups()[g].options().clone());
   }
   shard_ = std::move(shard);
+  probe_ = std::move(whole);  // its options are the loaded ones; its state is moved out
+  probe_->state().clear();
 }
 
 void ZeroRedundancyOptimizer::save_sharded(const std::string& directory) const {
@@ -312,6 +314,7 @@ void ZeroRedundancyOptimizer::load_sharded(const std::string& directory) {
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     param_groups_[g].set_options(loaded_options[g]->clone());
     shard->param_groups()[g].set_options(loaded_options[g]->clone());
+    probe_->param_groups()[g].set_options(loaded_options[g]->clone());
   }
   shard_ = std::move(shard);
 }

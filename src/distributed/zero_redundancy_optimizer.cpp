@@ -133,9 +133,9 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
   TORCH_CHECK(count > 0, kWho, ": got no parameters; pass the model's parameters().");
   // The inner optimizer type's own rule merges each group's options with its defaults: an
   // optimizer over all parameters, which allocates no state before its first step, resolves them.
-  auto whole = make_optimizer_(std::move(param_groups));
-  defaults_ = whole->defaults().clone();
-  param_groups_ = detail::clone_groups(whole->param_groups());
+  probe_ = make_optimizer_(std::move(param_groups));
+  defaults_ = probe_->defaults().clone();
+  param_groups_ = detail::clone_groups(probe_->param_groups());
   std::vector<std::vector<int64_t>> sizes;
   for (const auto& g : param_groups_) {
     sizes.emplace_back();
@@ -318,6 +318,7 @@ void ZeroRedundancyOptimizer::add_param_group(const OptimizerParamGroup& param_g
   }
   auto whole = make_optimizer_(std::move(all));
   const auto& added = whole->param_groups().back();
+  probe_ = std::move(whole);
   std::vector<int64_t> sizes;
   for (const auto& p : added.params()) sizes.push_back(detail::param_bytes(p));
   // Already placed parameters keep their ranks: the new group continues from the totals.
@@ -328,6 +329,29 @@ void ZeroRedundancyOptimizer::add_param_group(const OptimizerParamGroup& param_g
   shard->state() = std::move(shard_->state());
   shard_ = std::move(shard);
   if (options_.parameters_as_bucket_view()) build_buckets();
+}
+
+bool ZeroRedundancyOptimizer::keeps_float32_gradient(const at::Tensor& param) const {
+  const auto* owner = dynamic_cast<const amp::optim::SupportsAmpScaling*>(
+      owns(param) ? shard_.get() : probe_.get());
+  return owner != nullptr && owner->keeps_float32_gradient(param);
+}
+
+at::Tensor ZeroRedundancyOptimizer::float32_gradient(const at::Tensor& param) {
+  if (owns(param)) {
+    auto* scaling = dynamic_cast<amp::optim::SupportsAmpScaling*>(shard_.get());
+    return scaling != nullptr ? scaling->float32_gradient(param) : at::Tensor();
+  }
+  at::Tensor& scratch = scratch_gradients_[param.unsafeGetTensorImpl()];
+  if (!scratch.defined()) scratch = at::empty(param.sizes(), param.options().dtype(at::kFloat));
+  return scratch;
+}
+
+bool ZeroRedundancyOptimizer::owns(const at::Tensor& param) const {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].is_same(param)) return owner_[i] == rank();
+  }
+  return false;
 }
 
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {

@@ -681,8 +681,10 @@ int main(int argc, char** argv) {
       join();
     } else if (scenario == "zero_parity" && args.size() >= 2) {
       amp_worker::zero_parity(env, args[1], amp_worker::parse_config(args, 2));
-    } else if (scenario == "zero_equal" && args.size() == 4) {
-      amp_worker::zero_equal(env, args[1], args[2], args[3]);
+    } else if (scenario == "zero_equal" && (args.size() == 4 || args.size() == 5)) {
+      amp_worker::zero_equal(
+          env, args[1], args[2], args[3],
+          args.size() == 5 && args[4] == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
     } else if (scenario == "zero_skip_unsynced" && args.size() == 2) {
       amp_worker::zero_skip_unsynced(env, args[1]);
     } else if (scenario == "zero_errors" && args.size() == 2) {

@@ -15,6 +15,7 @@
 #include <amp/optim.h>
 
 #include "distributed/rank_jobs.h"
+#include "support/cuda_syncs.h"
 #include "support/temp_dir.h"
 
 namespace {
@@ -188,4 +189,61 @@ TEST_CASE("consolidate_state_dict reached by one rank only fails at the timeout 
   CHECK_THAT(results[0].values.at("error.partial"),
              Contains("consolidate_state_dict (every rank must call it, with the same to=0) "
                       "failed on rank 0 of 2"));
+}
+
+TEST_CASE("Two ranks sharing a GPU over Gloo shard CUDA parameters with the unsharded bits",
+          "[distributed][zero][cuda]") {
+  const auto results = run_ranks({"zero_equal", "fused_adamw", "mixed", "sr", "cuda"}, 2);
+  require_all_succeeded(results);
+  INFO(describe(results));
+  for (const auto& r : results) {
+    for (int step = 0; step < 4; ++step) {
+      CHECK(r.values.at("step" + std::to_string(step) + ".equal") == "1");
+    }
+    CHECK(r.values.at("changed") == "1");
+  }
+  CHECK(results[0].values.at("consolidated_equal") == "1");
+}
+
+TEST_CASE("On NCCL a fused inner optimizer steps and skips without a host sync",
+          "[distributed][zero][cuda]") {
+  REQUIRE(dist::built_with_nccl());
+  amp_test::TempDir dir("zero_nccl");
+  auto store = c10::make_intrusive<c10d::FileStore>((dir.path() / "store").string(), 1);
+  auto group = dist::new_nccl_group(store, 0, 1);
+  const auto cuda = at::TensorOptions(c10::DeviceType::CUDA);
+  at::manual_seed(4);
+  std::vector<at::Tensor> sharded{at::randn({33, 7}, cuda).requires_grad_(),
+                                  at::randn({5}, cuda).to(at::kBFloat16).requires_grad_()};
+  std::vector<at::Tensor> reference;
+  for (const auto& p : sharded) reference.push_back(p.detach().clone().requires_grad_());
+  const auto options = amp::optim::FusedAdamWOptions(1e-2).weight_decay(0.1).master_weights(true);
+  dist::ZeroRedundancyOptimizer zero(
+      sharded, dist::shard_optimizer<amp::optim::FusedAdamW>(options), group,
+      dist::ZeroRedundancyOptimizerOptions().parameters_as_bucket_view(true));
+  amp::optim::FusedAdamW unsharded(reference, options);
+  amp::GradScaler scaler_a(c10::DeviceType::CUDA), scaler_b(c10::DeviceType::CUDA);
+  for (int step = 0; step < 3; ++step) {
+    const float bad = step == 1 ? INFINITY : 1.0f;  // step 1 overflows and is skipped
+    for (auto* params : {&sharded, &reference}) {
+      for (auto& p : *params) p.mutable_grad() = at::full_like(p, 0.25 * (step + 1)) * bad;
+    }
+    scaler_a.unscale_(zero);  // checked on the device, flag combined over the group in step()
+    scaler_b.unscale_(unsharded);
+    CHECK(amp_test::syncs_in([&] { scaler_a.step(zero); }) == 0);
+    scaler_b.step(unsharded);
+    scaler_a.update();
+    scaler_b.update();
+    for (size_t i = 0; i < sharded.size(); ++i) {
+      CHECK(at::equal(sharded[i].detach().cpu().view(at::kByte).reshape({-1}),
+                      reference[i].detach().cpu().view(at::kByte).reshape({-1})));
+    }
+  }
+  CHECK(scaler_a.get_scale() == scaler_b.get_scale());
+  // The sharded checkpoint round-trips on CUDA.
+  zero.save_sharded((dir.path() / "ckpt").string());
+  const int64_t bytes = zero.state_bytes();
+  zero.load_sharded((dir.path() / "ckpt").string());
+  CHECK(zero.state_bytes() == bytes);
+  CHECK(bytes == dist::optimizer_state_bytes(unsharded));
 }

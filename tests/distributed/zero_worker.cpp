@@ -313,12 +313,13 @@ std::shared_ptr<SmallNet> small_net(const std::string& model) {
   at::manual_seed(11);
   auto net = std::make_shared<SmallNet>(model == "tiny");
   if (model == "mixed") amp::to_low_precision(*net, at::kBFloat16);
+  if (model == "half") amp::to_low_precision(*net, at::kHalf);
   return net;
 }
 
 template <typename Options>
 Options with_extra(Options options, const std::string& extra) {
-  if (extra == "master") options.master_weights(true);
+  if (extra == "master" || extra == "master_unscale") options.master_weights(true);
   if (extra == "kahan") options.kahan_summation(true);
   if (extra == "sr") options.stochastic_rounding(true).rounding_seed(7);
   return options;
@@ -416,24 +417,31 @@ std::string partition_text(const dist::ZeroRedundancyOptimizer& zero) {
 }  // namespace
 
 void zero_equal(const dist::TorchrunEnv& env, const std::string& optimizer,
-                const std::string& model, const std::string& extra) {
+                const std::string& model, const std::string& extra, c10::DeviceType device) {
   auto group = dist::init_gloo_from_torchrun(group_options());
   auto sharded = small_net(model);
   auto reference = small_net(model);
+  sharded->to(device);
+  reference->to(device);
   const auto factory = factory_for(optimizer, extra);
   dist::ZeroRedundancyOptimizer zero(sharded->parameters(), factory, group);
   std::vector<OptimizerParamGroup> groups;
   groups.emplace_back(reference->parameters());
   auto unsharded = factory(std::move(groups));
   print("partition", partition_text(zero));
-  amp::GradScaler scaler_a(c10::DeviceType::CPU, amp::GradScalerOptions().init_scale(256.0));
-  amp::GradScaler scaler_b(c10::DeviceType::CPU, amp::GradScalerOptions().init_scale(256.0));
+  amp::GradScaler scaler_a(device, amp::GradScalerOptions().init_scale(256.0));
+  amp::GradScaler scaler_b(device, amp::GradScalerOptions().init_scale(256.0));
   for (int64_t step = 0; step < 4; ++step) {
-    const at::Tensor x = batch(step, env.rank, false);
+    const at::Tensor x = batch(step, env.rank, false).to(device);
     sharded->zero_grad();
     reference->zero_grad();
     scaler_a.scale(sharded->forward(x).pow(2).mean()).backward();
     scaler_b.scale(reference->forward(x).pow(2).mean()).backward();
+    if (extra == "master_unscale") {
+      // float16 gradients unscaled into float32 copies before the step.
+      scaler_a.unscale_(zero);
+      scaler_b.unscale_(*unsharded);
+    }
     scaler_a.step(zero);
     scaler_b.step(*unsharded);
     scaler_a.update();
@@ -441,7 +449,9 @@ void zero_equal(const dist::TorchrunEnv& env, const std::string& optimizer,
     print("step" + std::to_string(step) + ".equal",
           same_bits(sharded->parameters(), reference->parameters()) ? "1" : "0");
   }
-  print("changed", same_bits(sharded->parameters(), small_net(model)->parameters()) ? "0" : "1");
+  auto initial = small_net(model);
+  initial->to(device);
+  print("changed", same_bits(sharded->parameters(), initial->parameters()) ? "0" : "1");
   print("state_bytes", std::to_string(zero.state_bytes()));
   print("unsharded_state_bytes", std::to_string(dist::optimizer_state_bytes(*unsharded)));
   // The consolidated state is the unsharded optimizer's, entry for entry.

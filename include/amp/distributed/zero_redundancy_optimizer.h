@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -90,6 +91,12 @@ class AMP_DISTRIBUTED_EXPORT ZeroRedundancyOptimizer : public torch::optim::Opti
   /// Hides Optimizer::add_param_group: call it on the ZeroRedundancyOptimizer itself.
   void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
 
+  /// For a float16 parameter whose group has master_weights (amp's fused optimizers): GradScaler's
+  /// unscale_ then unscales its gradient into a float32 copy, as without ZeRO. The owner's shard
+  /// optimizer steps with it; another rank gets a scratch copy that only the inf/NaN check reads.
+  bool keeps_float32_gradient(const at::Tensor& param) const override;
+  at::Tensor float32_gradient(const at::Tensor& param) override;
+
   /// The rank owning each parameter, by global index: groups in order, parameters in order.
   const std::vector<int64_t>& partition() const { return owner_; }
   /// This rank's optimizer, over its shard.
@@ -137,6 +144,8 @@ class AMP_DISTRIBUTED_EXPORT ZeroRedundancyOptimizer : public torch::optim::Opti
   std::unique_ptr<torch::optim::Optimizer> make_shard(int64_t rank,
                                                       const std::vector<int64_t>& owner,
                                                       const std::vector<int64_t>& order) const;
+  // Whether this rank owns `param`.
+  bool owns(const at::Tensor& param) const;
   void build_shard();
   void build_buckets();
   void sync_group_options();
@@ -146,6 +155,10 @@ class AMP_DISTRIBUTED_EXPORT ZeroRedundancyOptimizer : public torch::optim::Opti
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   ZeroRedundancyOptimizerOptions options_;
   std::unique_ptr<torch::optim::Optimizer> shard_;
+  // An inner optimizer over every parameter, never stepped (it holds no state): it answers for
+  // parameters this rank does not own, by the same rules.
+  std::unique_ptr<torch::optim::Optimizer> probe_;
+  std::unordered_map<const void*, at::Tensor> scratch_gradients_;
   std::unique_ptr<torch::optim::Optimizer> consolidated_;
   int64_t consolidated_to_ = -1;
   // By global index: the owner, and the order in which each rank's groups list their parameters
