@@ -432,6 +432,13 @@ void zero_equal(const dist::TorchrunEnv& env, const std::string& optimizer,
   amp::GradScaler scaler_a(device, amp::GradScalerOptions().init_scale(256.0));
   amp::GradScaler scaler_b(device, amp::GradScalerOptions().init_scale(256.0));
   for (int64_t step = 0; step < 4; ++step) {
+    if (step == 2) {
+      // An lr schedule writes the whole model's groups; the shards step with the new lr.
+      for (auto* optimizer : std::vector<torch::optim::Optimizer*>{&zero, unsharded.get()}) {
+        auto& options = optimizer->param_groups()[0].options();
+        options.set_lr(options.get_lr() * 0.25);
+      }
+    }
     const at::Tensor x = batch(step, env.rank, false).to(device);
     sharded->zero_grad();
     reference->zero_grad();

@@ -18,8 +18,9 @@ void zero_parity(const amp::distributed::TorchrunEnv& env, const std::string& di
 /// `optimizer` (fused_adamw, lion, torch_adamw, torch_sgd) on `model` (fp32; mixed or half:
 /// bfloat16 or float16 weights beside a float32 LayerNorm; tiny: two parameters, fewer than the
 /// ranks), with `extra` (none, master, kahan, sr; master_unscale: master weights and unscale_
-/// before the step), on `device` (CUDA: Gloo carries CUDA tensors, so ranks can
-/// share one GPU). Prints "step{k}.equal 0|1", the partition and the state bytes of both.
+/// before the step), the lr quartered from step 2 on, on `device` (CUDA: Gloo carries CUDA tensors,
+/// so ranks can share one GPU). Prints "step{k}.equal 0|1", the partition and the state bytes of
+/// both.
 void zero_equal(const amp::distributed::TorchrunEnv& env, const std::string& optimizer,
                 const std::string& model, const std::string& extra, c10::DeviceType device);
 
