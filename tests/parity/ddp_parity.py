@@ -13,7 +13,6 @@ on rank 0 after step 2, and the run must then report mismatches (the comparison 
 import os
 import socket
 import struct
-import subprocess
 import sys
 
 import torch
@@ -21,6 +20,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from worker_ranks import run_worker_ranks
 
 STEPS, BATCH, IN, HIDDEN, OUT = 6, 16, 32, 64, 10
 BASE = dict(hook="none", autocast="none", accumulate="1", unused="0", bucket_cap_mb="default",
@@ -139,38 +140,9 @@ def ddp_rank(rank, world, port, workdir, config, results):
 
 
 def amp_ranks(worker, world, workdir, config, flip):
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
-    procs = []
     args = [f"{k}={v}" for k, v in config.items()] + [
         f"steps={STEPS}", f"batch={BATCH}", f"in={IN}", f"hidden={HIDDEN}", f"out={OUT}"]
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
-                   TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS="1")
-        if flip:
-            env["AMP_TEST_FLIP_BIT"] = "1"
-        # Files, not pipes: a rank blocked on a full pipe would stall the others' collectives.
-        out = open(f"{workdir}/amp_rank{rank}.out", "w+")
-        err = open(f"{workdir}/amp_rank{rank}.err", "w+")
-        procs.append((subprocess.Popen([worker, "ddp_parity", workdir] + args, env=env,
-                                       stdout=out, stderr=err), out, err))
-    results, errors = [], []
-    for rank, (p, out_file, err_file) in enumerate(procs):
-        try:
-            p.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            for q, _, _ in procs:
-                q.kill()
-            sys.exit(f"amp rank {rank} did not finish within 120 s")
-        out_file.seek(0)
-        err_file.seek(0)
-        out, err = out_file.read(), err_file.read()
-        if p.returncode != 0:
-            errors.append(f"amp rank {rank} exited {p.returncode}: {err[-2000:]}")
-        results.append(dict(line.split(" ", 1) for line in out.splitlines() if " " in line))
-    if errors:
-        sys.exit("\n".join(errors))
-    return results
+    return run_worker_ranks(worker, ["ddp_parity", workdir] + args, world, "", flip)
 
 
 def write_inputs(workdir, world, config):

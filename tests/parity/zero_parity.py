@@ -81,7 +81,6 @@ of fc1.weight[0][0] on rank 0 right after step 2's update, before printing step 
 import os
 import socket
 import struct
-import subprocess
 import sys
 
 import torch
@@ -89,6 +88,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from worker_ranks import run_worker_ranks
 
 STEPS, BATCH, IN, HIDDEN, OUT = 6, 16, 64, 64, 10
 # IN == HIDDEN: fc1.weight and fc2.weight have the same size, as have fc3/side and fc1/fc2's
@@ -327,46 +328,11 @@ def check_worker(worker):
 
 
 def amp_ranks(worker, world, workdir, config, phase, flip):
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True)
     args = [f"{k}={v}" for k, v in config.items()] + [
         f"steps={phase_steps(config)}", f"batch={BATCH}", f"in={IN}", f"hidden={HIDDEN}",
         f"out={OUT}", f"world={world}", f"phase={phase}"]
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
-                   TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS="1")
-        if flip:
-            env["AMP_TEST_FLIP_BIT"] = "1"
-        # Files, not pipes: a rank blocked on a full pipe would stall the others' collectives.
-        out = open(f"{workdir}/amp_{phase}_rank{rank}.out", "w+")
-        err = open(f"{workdir}/amp_{phase}_rank{rank}.err", "w+")
-        procs.append((subprocess.Popen([worker, "zero_parity", workdir] + args, env=env,
-                                       stdout=out, stderr=err), out, err))
-    results, errors, usage = [], [], False
-    for rank, (p, out_file, err_file) in enumerate(procs):
-        try:
-            p.wait(timeout=WORKER_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            for q, _, _ in procs:
-                q.kill()
-            sys.exit(f"amp rank {rank} did not finish within {WORKER_TIMEOUT_S} s "
-                     f"(phase {phase}, {world} ranks)")
-        out_file.seek(0)
-        err_file.seek(0)
-        out, err = out_file.read(), err_file.read()
-        if p.returncode != 0:
-            # amp_distributed_worker answers a scenario it does not know with its usage and 64.
-            usage = usage or (p.returncode == 64 and "usage:" in err)
-            errors.append(f"amp rank {rank} exited {p.returncode}: {err[-2000:]}")
-        results.append(dict(line.split(" ", 1) for line in out.splitlines() if " " in line))
-    if usage:
-        sys.exit(f"zero_parity: {worker} has no zero_parity scenario (it exited 64 with its "
-                 "usage): the C++ side of this test is not written yet; --reference-only checks "
-                 "the PyTorch side alone")
-    if errors:
-        sys.exit("\n".join(errors))
-    return results
+    return run_worker_ranks(worker, ["zero_parity", workdir] + args, world, f"{phase}_", flip,
+                            WORKER_TIMEOUT_S)
 
 
 def write_inputs(workdir, phases, config):
