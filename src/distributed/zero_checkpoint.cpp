@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <sstream>
 
@@ -70,13 +71,25 @@ int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key
   return value.toInt();
 }
 
-// Whether every rank's `ok` holds: one all-reduce (MIN) on `device`.
-bool all_ranks_ok(c10d::ProcessGroup& group, const c10::Device& device, bool ok,
-                  const std::string& what) {
+// Runs `attempt` on this rank, then learns whether it succeeded on every rank (one all-reduce, MIN,
+// on `device`); throws on every rank unless it did: `failed_here` and the error on a rank where it
+// failed, `failed_elsewhere` on the others.
+void all_or_none(c10d::ProcessGroup& group, const c10::Device& device, const std::string& what,
+                 const std::function<void()>& attempt, const std::string& failed_here,
+                 const std::string& failed_elsewhere) {
+  std::string error;
+  try {
+    attempt();
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
   std::vector<at::Tensor> flag{
-      at::full({1}, ok ? 1 : 0, at::TensorOptions(at::kInt).device(device))};
+      at::full({1}, error.empty() ? 1 : 0, at::TensorOptions(at::kInt).device(device))};
   detail::wait_for(detail::start_all_reduce(group, flag, c10d::ReduceOp::MIN, what), group, what);
-  return flag[0].item<int>() == 1;
+  TORCH_CHECK(error.empty(), what, ": ", failed_here, ": ", error);
+  TORCH_CHECK(flag[0].item<int>() == 1, what, ": ", failed_elsewhere);
 }
 
 }  // namespace
@@ -170,147 +183,140 @@ void ZeroRedundancyOptimizer::load(torch::serialize::InputArchive& archive) {
   probe_->state().clear();
 }
 
+void ZeroRedundancyOptimizer::write_sharded(const std::string& directory) const {
+  fs::create_directories(directory);
+  torch::serialize::OutputArchive optimizer;
+  shard_->save(optimizer);
+  torch::serialize::OutputArchive file;
+  file.write("optimizer", optimizer);
+  file.write("rank", c10::IValue(static_cast<int64_t>(rank())));
+  file.write("world_size", c10::IValue(static_cast<int64_t>(world_size())));
+  write_atomically(file, fs::path(directory) / shard_name(rank(), world_size()));
+  if (rank() == 0) {
+    std::vector<int64_t> group_sizes, dtypes, ndims, dims;
+    for (const auto& g : param_groups_)
+      group_sizes.push_back(static_cast<int64_t>(g.params().size()));
+    for (const auto& p : params_) {
+      dtypes.push_back(static_cast<int64_t>(p.scalar_type()));
+      ndims.push_back(p.dim());
+      for (const int64_t d : p.sizes()) dims.push_back(d);
+    }
+    torch::serialize::OutputArchive index;
+    index.write("format", c10::IValue(kIndexFormat));
+    index.write("world_size", c10::IValue(static_cast<int64_t>(world_size())));
+    index.write("owner", int64_tensor(owner_));
+    index.write("order", int64_tensor(order_));
+    index.write("group_sizes", int64_tensor(group_sizes));
+    index.write("dtypes", int64_tensor(dtypes));
+    index.write("ndims", int64_tensor(ndims));
+    index.write("dims", int64_tensor(dims));
+    write_atomically(index, fs::path(directory) / "zero-index.pt");
+  }
+}
+
 void ZeroRedundancyOptimizer::save_sharded(const std::string& directory) const {
   const std::string what = std::string(kWho) + "::save_sharded(" + directory + ")";
-  const c10::Device device = params_.front().device();
-  std::string error;
-  try {
-    fs::create_directories(directory);
-    torch::serialize::OutputArchive optimizer;
-    shard_->save(optimizer);
-    torch::serialize::OutputArchive file;
-    file.write("optimizer", optimizer);
-    file.write("rank", c10::IValue(static_cast<int64_t>(rank())));
-    file.write("world_size", c10::IValue(static_cast<int64_t>(world_size())));
-    write_atomically(file, fs::path(directory) / shard_name(rank(), world_size()));
-    if (rank() == 0) {
-      std::vector<int64_t> group_sizes, dtypes, ndims, dims;
-      for (const auto& g : param_groups_)
-        group_sizes.push_back(static_cast<int64_t>(g.params().size()));
-      for (const auto& p : params_) {
-        dtypes.push_back(static_cast<int64_t>(p.scalar_type()));
-        ndims.push_back(p.dim());
-        for (const int64_t d : p.sizes()) dims.push_back(d);
-      }
-      torch::serialize::OutputArchive index;
-      index.write("format", c10::IValue(kIndexFormat));
-      index.write("world_size", c10::IValue(static_cast<int64_t>(world_size())));
-      index.write("owner", int64_tensor(owner_));
-      index.write("order", int64_tensor(order_));
-      index.write("group_sizes", int64_tensor(group_sizes));
-      index.write("dtypes", int64_tensor(dtypes));
-      index.write("ndims", int64_tensor(ndims));
-      index.write("dims", int64_tensor(dims));
-      write_atomically(index, fs::path(directory) / "zero-index.pt");
-    }
-  } catch (const c10::Error& e) {
-    error = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
   // Returns once every rank has written its file, or throws on every rank.
-  const bool ok = all_ranks_ok(*group_, device, error.empty(), what);
-  TORCH_CHECK(error.empty(), what, ": rank ", rank(), " could not write its shard: ", error);
-  TORCH_CHECK(ok, what,
-              ": another rank could not write its shard (its error says why); this "
-              "checkpoint is incomplete.");
+  all_or_none(
+      *group_, params_.front().device(), what, [&] { write_sharded(directory); },
+      "rank " + std::to_string(rank()) + " could not write its shard",
+      "another rank could not write its shard (its error says why); this checkpoint is "
+      "incomplete.");
+}
+
+std::unique_ptr<torch::optim::Optimizer> ZeroRedundancyOptimizer::read_sharded(
+    const std::string& directory,
+    std::vector<std::unique_ptr<torch::optim::OptimizerOptions>>& loaded_options) const {
+  const std::string index_path = (fs::path(directory) / "zero-index.pt").string();
+  TORCH_CHECK(fs::exists(index_path), "there is no ", index_path,
+              "; pass the directory save_sharded wrote");
+  torch::serialize::InputArchive index;
+  open_archive(index, index_path);
+  const int64_t format = read_int(index, "format", index_path);
+  TORCH_CHECK(format == kIndexFormat, index_path, " has format ", format,
+              "; this amp reads format ", kIndexFormat);
+  const int64_t old_world = read_int(index, "world_size", index_path);
+  TORCH_CHECK(old_world >= 1, index_path, " says world_size ", old_world);
+  const auto old_owner = int64_values(read_tensor(index, "owner", index_path), "owner");
+  const auto old_order = int64_values(read_tensor(index, "order", index_path), "order");
+  const auto group_sizes =
+      int64_values(read_tensor(index, "group_sizes", index_path), "group_sizes");
+  const auto dtypes = int64_values(read_tensor(index, "dtypes", index_path), "dtypes");
+  const auto ndims = int64_values(read_tensor(index, "ndims", index_path), "ndims");
+  const auto dims = int64_values(read_tensor(index, "dims", index_path), "dims");
+  // Another model is named by its first differing parameter.
+  TORCH_CHECK(group_sizes.size() == param_groups_.size(), "the checkpoint has ", group_sizes.size(),
+              " param groups, this optimizer ", param_groups_.size());
+  for (size_t g = 0; g < group_sizes.size(); ++g) {
+    TORCH_CHECK(group_sizes[g] == static_cast<int64_t>(param_groups_[g].params().size()),
+                "param group ", g, " has ", group_sizes[g], " parameters in the checkpoint, ",
+                param_groups_[g].params().size(), " here");
+  }
+  const size_t count = params_.size();
+  TORCH_CHECK(old_owner.size() == count && old_order.size() == count && dtypes.size() == count &&
+                  ndims.size() == count,
+              index_path, " is damaged: its lists do not have one entry per parameter");
+  size_t next_dim = 0;
+  for (size_t i = 0; i < count; ++i) {
+    TORCH_CHECK(old_owner[i] >= 0 && old_owner[i] < old_world && old_order[i] >= 0 &&
+                    old_order[i] < static_cast<int64_t>(count) && ndims[i] >= 0 &&
+                    next_dim + static_cast<size_t>(ndims[i]) <= dims.size(),
+                index_path, " is damaged (parameter ", i, ")");
+    const std::vector<int64_t> shape(dims.begin() + next_dim, dims.begin() + next_dim + ndims[i]);
+    next_dim += static_cast<size_t>(ndims[i]);
+    const at::Tensor& p = params_[i];
+    TORCH_CHECK(shape == p.sizes().vec(), "parameter ", i, " has shape ", at::IntArrayRef(shape),
+                " in the checkpoint but ", p.sizes(), " here");
+    TORCH_CHECK(dtypes[i] == static_cast<int64_t>(p.scalar_type()), "parameter ", i, " has dtype ",
+                static_cast<c10::ScalarType>(dtypes[i]), " in the checkpoint but ", p.scalar_type(),
+                " here");
+  }
+  TORCH_CHECK(std::set<int64_t>(old_order.begin(), old_order.end()).size() == count, index_path,
+              " is damaged: its order does not list every parameter once");
+  // The old ranks whose shards hold this rank's parameters (rank 0's, for the group options,
+  // when this rank holds none).
+  std::set<int64_t> needed;
+  for (size_t i = 0; i < count; ++i) {
+    if (owner_[i] == rank()) needed.insert(old_owner[i]);
+  }
+  if (needed.empty()) needed.insert(0);
+  auto shard = make_shard(rank(), owner_, order_);
+  for (const int64_t r : needed) {
+    const std::string path = (fs::path(directory) / shard_name(r, old_world)).string();
+    TORCH_CHECK(fs::exists(path), "the shard ", path, " is missing");
+    torch::serialize::InputArchive file;
+    open_archive(file, path);
+    TORCH_CHECK(
+        read_int(file, "rank", path) == r && read_int(file, "world_size", path) == old_world, path,
+        " is not rank ", r, "'s shard of ", old_world);
+    torch::serialize::InputArchive optimizer;
+    TORCH_CHECK(file.try_read("optimizer", optimizer), path, " holds no optimizer");
+    auto theirs = make_shard(r, old_owner, old_order);
+    theirs->load(optimizer);
+    TORCH_CHECK(theirs->param_groups().size() == param_groups_.size(), path, " has ",
+                theirs->param_groups().size(), " param groups");
+    if (loaded_options.empty()) {
+      for (const auto& g : theirs->param_groups()) loaded_options.push_back(g.options().clone());
+    }
+    std::vector<at::Tensor> moving;
+    for (size_t i = 0; i < count; ++i) {
+      if (owner_[i] == rank() && old_owner[i] == r) moving.push_back(params_[i]);
+    }
+    detail::move_states(*theirs, *shard, moving);
+  }
+  return shard;
 }
 
 void ZeroRedundancyOptimizer::load_sharded(const std::string& directory) {
   const std::string what = std::string(kWho) + "::load_sharded(" + directory + ")";
-  const c10::Device device = params_.front().device();
-  std::string error;
   std::unique_ptr<torch::optim::Optimizer> shard;
   std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> loaded_options;
-  try {
-    const std::string index_path = (fs::path(directory) / "zero-index.pt").string();
-    TORCH_CHECK(fs::exists(index_path), "there is no ", index_path,
-                "; pass the directory save_sharded wrote");
-    torch::serialize::InputArchive index;
-    open_archive(index, index_path);
-    const int64_t format = read_int(index, "format", index_path);
-    TORCH_CHECK(format == kIndexFormat, index_path, " has format ", format,
-                "; this amp reads format ", kIndexFormat);
-    const int64_t old_world = read_int(index, "world_size", index_path);
-    TORCH_CHECK(old_world >= 1, index_path, " says world_size ", old_world);
-    const auto old_owner = int64_values(read_tensor(index, "owner", index_path), "owner");
-    const auto old_order = int64_values(read_tensor(index, "order", index_path), "order");
-    const auto group_sizes =
-        int64_values(read_tensor(index, "group_sizes", index_path), "group_sizes");
-    const auto dtypes = int64_values(read_tensor(index, "dtypes", index_path), "dtypes");
-    const auto ndims = int64_values(read_tensor(index, "ndims", index_path), "ndims");
-    const auto dims = int64_values(read_tensor(index, "dims", index_path), "dims");
-    // Another model is named by its first differing parameter.
-    TORCH_CHECK(group_sizes.size() == param_groups_.size(), "the checkpoint has ",
-                group_sizes.size(), " param groups, this optimizer ", param_groups_.size());
-    for (size_t g = 0; g < group_sizes.size(); ++g) {
-      TORCH_CHECK(group_sizes[g] == static_cast<int64_t>(param_groups_[g].params().size()),
-                  "param group ", g, " has ", group_sizes[g], " parameters in the checkpoint, ",
-                  param_groups_[g].params().size(), " here");
-    }
-    const size_t count = params_.size();
-    TORCH_CHECK(old_owner.size() == count && old_order.size() == count && dtypes.size() == count &&
-                    ndims.size() == count,
-                index_path, " is damaged: its lists do not have one entry per parameter");
-    size_t next_dim = 0;
-    for (size_t i = 0; i < count; ++i) {
-      TORCH_CHECK(old_owner[i] >= 0 && old_owner[i] < old_world && old_order[i] >= 0 &&
-                      old_order[i] < static_cast<int64_t>(count) && ndims[i] >= 0 &&
-                      next_dim + static_cast<size_t>(ndims[i]) <= dims.size(),
-                  index_path, " is damaged (parameter ", i, ")");
-      const std::vector<int64_t> shape(dims.begin() + next_dim, dims.begin() + next_dim + ndims[i]);
-      next_dim += static_cast<size_t>(ndims[i]);
-      const at::Tensor& p = params_[i];
-      TORCH_CHECK(shape == p.sizes().vec(), "parameter ", i, " has shape ", at::IntArrayRef(shape),
-                  " in the checkpoint but ", p.sizes(), " here");
-      TORCH_CHECK(dtypes[i] == static_cast<int64_t>(p.scalar_type()), "parameter ", i,
-                  " has dtype ", static_cast<c10::ScalarType>(dtypes[i]), " in the checkpoint but ",
-                  p.scalar_type(), " here");
-    }
-    TORCH_CHECK(std::set<int64_t>(old_order.begin(), old_order.end()).size() == count, index_path,
-                " is damaged: its order does not list every parameter once");
-    // The old ranks whose shards hold this rank's parameters (rank 0's, for the group options,
-    // when this rank holds none).
-    std::set<int64_t> needed;
-    for (size_t i = 0; i < count; ++i) {
-      if (owner_[i] == rank()) needed.insert(old_owner[i]);
-    }
-    if (needed.empty()) needed.insert(0);
-    shard = make_shard(rank(), owner_, order_);
-    for (const int64_t r : needed) {
-      const std::string path = (fs::path(directory) / shard_name(r, old_world)).string();
-      TORCH_CHECK(fs::exists(path), "the shard ", path, " is missing");
-      torch::serialize::InputArchive file;
-      open_archive(file, path);
-      TORCH_CHECK(
-          read_int(file, "rank", path) == r && read_int(file, "world_size", path) == old_world,
-          path, " is not rank ", r, "'s shard of ", old_world);
-      torch::serialize::InputArchive optimizer;
-      TORCH_CHECK(file.try_read("optimizer", optimizer), path, " holds no optimizer");
-      auto theirs = make_shard(r, old_owner, old_order);
-      theirs->load(optimizer);
-      TORCH_CHECK(theirs->param_groups().size() == param_groups_.size(), path, " has ",
-                  theirs->param_groups().size(), " param groups");
-      if (loaded_options.empty()) {
-        for (const auto& g : theirs->param_groups()) loaded_options.push_back(g.options().clone());
-      }
-      std::vector<at::Tensor> moving;
-      for (size_t i = 0; i < count; ++i) {
-        if (owner_[i] == rank() && old_owner[i] == r) moving.push_back(params_[i]);
-      }
-      detail::move_states(*theirs, *shard, moving);
-    }
-  } catch (const c10::Error& e) {
-    error = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
   // All or nothing on every rank: nothing changes until every rank has read its part.
-  const bool ok = all_ranks_ok(*group_, device, error.empty(), what);
-  TORCH_CHECK(error.empty(), what, ": refused on rank ", rank(), " (nothing was loaded): ", error);
-  TORCH_CHECK(ok, what,
-              ": another rank refused the checkpoint (its error says why); nothing was "
-              "loaded on any rank.");
+  all_or_none(
+      *group_, params_.front().device(), what,
+      [&] { shard = read_sharded(directory, loaded_options); },
+      "refused on rank " + std::to_string(rank()) + " (nothing was loaded)",
+      "another rank refused the checkpoint (its error says why); nothing was loaded on any rank.");
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     param_groups_[g].set_options(loaded_options[g]->clone());
     shard->param_groups()[g].set_options(loaded_options[g]->clone());

@@ -14,6 +14,16 @@ CastConfig cast(Granularity granularity, c10::ScalarType dtype) {
   return CastConfig{true, granularity, dtype};
 }
 
+// Every operand of both GEMMs cast with `granularity`: inputs and weights to e4m3, gradients to
+// `grad_dtype`.
+Recipe every_operand(const char* name, Granularity granularity, c10::ScalarType grad_dtype) {
+  Recipe r;
+  r.name = name;
+  r.input = r.input_for_grad_weight = r.weight = r.weight_for_grad_input = cast(granularity, kE4M3);
+  r.grad_output = r.grad_output_for_grad_weight = cast(granularity, grad_dtype);
+  return r;
+}
+
 const char* granularity_name(Granularity granularity) {
   return granularity == Granularity::tensorwise ? "tensorwise" : "rowwise";
 }
@@ -41,21 +51,11 @@ void check_dtype(const CastConfig& config, const char* operand) {
 
 }  // namespace
 
-Recipe Recipe::tensorwise() {
-  Recipe r;
-  r.name = "tensorwise";
-  r.input = r.input_for_grad_weight = cast(Granularity::tensorwise, kE4M3);
-  r.weight = r.weight_for_grad_input = cast(Granularity::tensorwise, kE4M3);
-  r.grad_output = r.grad_output_for_grad_weight = cast(Granularity::tensorwise, kE5M2);
-  return r;
-}
+Recipe Recipe::tensorwise() { return every_operand("tensorwise", Granularity::tensorwise, kE5M2); }
 
 Recipe Recipe::rowwise() {
-  Recipe r;
-  r.name = "rowwise";
-  r.input = r.input_for_grad_weight = cast(Granularity::rowwise, kE4M3);
-  r.weight = r.weight_for_grad_input = cast(Granularity::rowwise, kE4M3);
-  r.grad_output = r.grad_output_for_grad_weight = cast(Granularity::rowwise, kE4M3);
+  // torchao's rowwise recipe keeps its gradients in e4m3 and power-of-2 scales.
+  Recipe r = every_operand("rowwise", Granularity::rowwise, kE4M3);
   r.round_scales_to_power_of_2 = true;
   return r;
 }

@@ -147,6 +147,11 @@ class AMP_DISTRIBUTED_EXPORT ZeroRedundancyOptimizer : public torch::optim::Opti
   // Whether this rank owns `param`.
   bool owns(const at::Tensor& param) const;
   void build_shard();
+  // save_sharded's and load_sharded's work on this rank (they agree with the others around it).
+  void write_sharded(const std::string& directory) const;
+  std::unique_ptr<torch::optim::Optimizer> read_sharded(
+      const std::string& directory,
+      std::vector<std::unique_ptr<torch::optim::OptimizerOptions>>& loaded_options) const;
   void build_buckets();
   void sync_group_options();
   void broadcast_parameters();
