@@ -36,6 +36,25 @@ struct OptionField {
 };
 
 // clang-format off
+// AMP_FOR_EACH_FIELD(macro, type, kind, a, b, ...): macro(type, a, kind), macro(type, b, kind), ...
+// (up to 64 names: each AMP_FIELDS_RESCAN level rescans its argument four times).
+#define AMP_FIELDS_PARENS ()
+#define AMP_FIELDS_RESCAN(...) \
+  AMP_FIELDS_RESCAN3(AMP_FIELDS_RESCAN3(AMP_FIELDS_RESCAN3(AMP_FIELDS_RESCAN3(__VA_ARGS__))))
+#define AMP_FIELDS_RESCAN3(...) \
+  AMP_FIELDS_RESCAN2(AMP_FIELDS_RESCAN2(AMP_FIELDS_RESCAN2(AMP_FIELDS_RESCAN2(__VA_ARGS__))))
+#define AMP_FIELDS_RESCAN2(...) \
+  AMP_FIELDS_RESCAN1(AMP_FIELDS_RESCAN1(AMP_FIELDS_RESCAN1(AMP_FIELDS_RESCAN1(__VA_ARGS__))))
+#define AMP_FIELDS_RESCAN1(...) __VA_ARGS__
+#define AMP_FOR_EACH_FIELD(macro, type, kind, ...) \
+  __VA_OPT__(AMP_FIELDS_RESCAN(AMP_FOR_EACH_FIELD_STEP(macro, type, kind, __VA_ARGS__)))
+#define AMP_FOR_EACH_FIELD_STEP(macro, type, kind, field, ...) \
+  macro(type, field, kind)                                     \
+  __VA_OPT__(, AMP_FOR_EACH_FIELD_AGAIN AMP_FIELDS_PARENS(macro, type, kind, __VA_ARGS__))
+#define AMP_FOR_EACH_FIELD_AGAIN() AMP_FOR_EACH_FIELD_STEP
+// clang-format on
+
+// clang-format off
 /// The field `field` of the options type `Options`, through its getter and setter.
 #define AMP_OPTIMIZER_FIELD(Options, field, in_libtorch)                                \
   ::amp::optim::detail::OptionField{                                                    \
@@ -44,6 +63,9 @@ struct OptionField {
       [](Options& o, const std::decay_t<decltype(std::declval<const Options&>().field())>& v) { \
         o.field(v);                                                                     \
       }}
+/// AMP_OPTIMIZER_FIELD for each of the fields named after `in_libtorch`, in order.
+#define AMP_OPTIMIZER_FIELDS(Options, in_libtorch, ...) \
+  AMP_FOR_EACH_FIELD(AMP_OPTIMIZER_FIELD, Options, in_libtorch, __VA_ARGS__)
 // clang-format on
 
 // The archive forms of the value types options use.
@@ -149,6 +171,9 @@ struct StateField {
       #field, ::amp::optim::detail::StateKind::kind,                     \
       [](const State& s) -> const at::Tensor& { return s.field(); },     \
       [](State& s, const at::Tensor& t) { s.field(t); }}
+/// AMP_STATE_FIELD for each of the tensors named after `kind`, in order.
+#define AMP_STATE_FIELDS(State, kind, ...) \
+  AMP_FOR_EACH_FIELD(AMP_STATE_FIELD, State, kind, __VA_ARGS__)
 // clang-format on
 
 /// The state tensors of one ParamState type, in archive order (an undefined tensor is not

@@ -38,13 +38,9 @@ void check_adam(const AdamOptions& options, const std::string& where) {
 // (torch::optim::Adam/AdamW read them), then maximize and capturable, which its archives lack.
 template <typename AdamOptions>
 const auto& adam_fields() {
-  static const detail::OptionList fields(AMP_OPTIMIZER_FIELD(AdamOptions, lr, kYes),
-                                         AMP_OPTIMIZER_FIELD(AdamOptions, betas, kYes),
-                                         AMP_OPTIMIZER_FIELD(AdamOptions, eps, kYes),
-                                         AMP_OPTIMIZER_FIELD(AdamOptions, weight_decay, kYes),
-                                         AMP_OPTIMIZER_FIELD(AdamOptions, amsgrad, kYes),
-                                         AMP_OPTIMIZER_FIELD(AdamOptions, maximize, kNo),
-                                         AMP_OPTIMIZER_FIELD(AdamOptions, capturable, kNo));
+  static const detail::OptionList fields(
+      AMP_OPTIMIZER_FIELDS(AdamOptions, kYes, lr, betas, eps, weight_decay, amsgrad),
+      AMP_OPTIMIZER_FIELDS(AdamOptions, kNo, maximize, capturable));
   return fields;
 }
 
@@ -184,12 +180,9 @@ namespace {
 // then the low-precision options' (LibTorch's Adam reads past them).
 const auto& adam_state_fields() {
   static const detail::StateList fields(
-      AMP_STATE_FIELD(FusedAdamParamState, step, kStepCount),
-      AMP_STATE_FIELD(FusedAdamParamState, exp_avg, kTensor),
-      AMP_STATE_FIELD(FusedAdamParamState, exp_avg_sq, kTensor),
-      AMP_STATE_FIELD(FusedAdamParamState, max_exp_avg_sq, kTensor),
-      AMP_STATE_FIELD(FusedAdamParamState, master_weight, kTensor),
-      AMP_STATE_FIELD(FusedAdamParamState, kahan_comp, kTensor));
+      AMP_STATE_FIELDS(FusedAdamParamState, kStepCount, step),
+      AMP_STATE_FIELDS(FusedAdamParamState, kTensor, exp_avg, exp_avg_sq, max_exp_avg_sq,
+                       master_weight, kahan_comp));
   return fields;
 }
 

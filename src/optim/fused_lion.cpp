@@ -22,20 +22,17 @@ namespace {
 
 // FusedLionOptions' fields: lion-pytorch's options (LibTorch has no Lion) and maximize.
 const auto& lion_fields() {
-  static const detail::OptionList fields(AMP_OPTIMIZER_FIELD(FusedLionOptions, lr, kYes),
-                                         AMP_OPTIMIZER_FIELD(FusedLionOptions, betas, kYes),
-                                         AMP_OPTIMIZER_FIELD(FusedLionOptions, weight_decay, kYes),
-                                         AMP_OPTIMIZER_FIELD(FusedLionOptions, maximize, kNo));
+  static const detail::OptionList fields(
+      AMP_OPTIMIZER_FIELDS(FusedLionOptions, kYes, lr, betas, weight_decay),
+      AMP_OPTIMIZER_FIELDS(FusedLionOptions, kNo, maximize));
   return fields;
 }
 
 // FusedLionParamState's tensors.
 const auto& lion_state_fields() {
   static const detail::StateList fields(
-      AMP_STATE_FIELD(FusedLionParamState, step, kStepCount),
-      AMP_STATE_FIELD(FusedLionParamState, exp_avg, kTensor),
-      AMP_STATE_FIELD(FusedLionParamState, master_weight, kTensor),
-      AMP_STATE_FIELD(FusedLionParamState, kahan_comp, kTensor));
+      AMP_STATE_FIELDS(FusedLionParamState, kStepCount, step),
+      AMP_STATE_FIELDS(FusedLionParamState, kTensor, exp_avg, master_weight, kahan_comp));
   return fields;
 }
 

@@ -23,24 +23,17 @@ namespace {
 // FusedSGDOptions' fields: LibTorch's SGDOptions entries first (torch::optim::SGD reads them),
 // then maximize and capturable, which its archives lack.
 const auto& sgd_fields() {
-  static const detail::OptionList fields(AMP_OPTIMIZER_FIELD(FusedSGDOptions, lr, kYes),
-                                         AMP_OPTIMIZER_FIELD(FusedSGDOptions, momentum, kYes),
-                                         AMP_OPTIMIZER_FIELD(FusedSGDOptions, dampening, kYes),
-                                         AMP_OPTIMIZER_FIELD(FusedSGDOptions, weight_decay, kYes),
-                                         AMP_OPTIMIZER_FIELD(FusedSGDOptions, nesterov, kYes),
-                                         AMP_OPTIMIZER_FIELD(FusedSGDOptions, maximize, kNo),
-                                         AMP_OPTIMIZER_FIELD(FusedSGDOptions, capturable, kNo));
+  static const detail::OptionList fields(
+      AMP_OPTIMIZER_FIELDS(FusedSGDOptions, kYes, lr, momentum, dampening, weight_decay, nesterov),
+      AMP_OPTIMIZER_FIELDS(FusedSGDOptions, kNo, maximize, capturable));
   return fields;
 }
 
 // FusedSGDParamState's tensors: LibTorch's SGDParamState entry, then the low-precision options'
 // (LibTorch's SGD reads past them; the step count, a tensor here, exists only under them).
 const auto& sgd_state_fields() {
-  static const detail::StateList fields(
-      AMP_STATE_FIELD(FusedSGDParamState, momentum_buffer, kTensor),
-      AMP_STATE_FIELD(FusedSGDParamState, step, kTensor),
-      AMP_STATE_FIELD(FusedSGDParamState, master_weight, kTensor),
-      AMP_STATE_FIELD(FusedSGDParamState, kahan_comp, kTensor));
+  static const detail::StateList fields(AMP_STATE_FIELDS(
+      FusedSGDParamState, kTensor, momentum_buffer, step, master_weight, kahan_comp));
   return fields;
 }
 
