@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from worker_ranks import run_worker_ranks
+from worker_ranks import count_mismatches, run_worker_ranks, write_rank_weights
 
 STEPS, BATCH, IN, HIDDEN, OUT = 6, 16, 32, 64, 10
 BASE = dict(hook="none", autocast="none", accumulate="1", unused="0", bucket_cap_mb="default",
@@ -148,12 +148,7 @@ def amp_ranks(worker, world, workdir, config, flip):
 def write_inputs(workdir, world, config):
     acc = int(config["accumulate"])
     gen = torch.Generator().manual_seed(20261204)
-    base = Net(config["batch_norm"] == "1")
-    for name, p in base.named_parameters():
-        init = torch.randn(p.shape, generator=gen) * 0.2
-        for rank in range(world):
-            # Each rank starts elsewhere: the broadcast at construction must make them equal.
-            (init + 0.01 * rank).numpy().tofile(f"{workdir}/rank{rank}_{name}.bin")
+    write_rank_weights(workdir, Net(config["batch_norm"] == "1"), world, gen)
     for rank in range(world):
         x = torch.randn(STEPS, acc, BATCH, IN, generator=gen) * (1 + rank)
         if config["inf_at"] != "none":
@@ -173,15 +168,7 @@ def compare(world, config, flip, worker, workdir):
              join=True)
     reference = [results[r] for r in range(world)]
     amp_results = amp_ranks(worker, world, workdir, config, flip)
-    failures = 0
-    for rank in range(world):
-        for key, expected in reference[rank].items():
-            got = amp_results[rank].get(key)
-            if got != expected:
-                failures += 1
-                if failures <= 6:
-                    print(f"  {world} ranks, rank {rank} {key}: amp {str(got)[:60]} != "
-                          f"DDP {expected[:60]}")
+    failures = count_mismatches(("amp", "DDP"), reference, amp_results, world)
     scales = [struct.unpack(">f", bytes.fromhex(reference[0][f"step{s}.scale"]))[0]
               for s in range(STEPS)]
     print(f"{world} ranks x {STEPS} steps: scales {scales}, side head grad "

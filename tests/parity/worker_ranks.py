@@ -1,4 +1,10 @@
-"""Starts ranks of amp_distributed_worker as torchrun starts them (ddp_parity.py, zero_parity.py).
+"""What the data-parallel parity scripts share (ddp_parity.py, zero_parity.py): ranks of
+amp_distributed_worker started as torchrun starts them, and each rank's starting weights.
+
+write_rank_weights(workdir, model, world, gen) writes rank{r}_{name}.bin for every parameter: one
+random draw per parameter, offset by 0.01 * r on rank r, so that the ranks start from different
+weights and the broadcast at construction must make them equal. count_mismatches compares the
+ranks' lines with a reference's.
 
 run_worker_ranks(worker, scenario_args, world, label, flip, timeout_s) runs `worker
 scenario_args...` as ranks 0..world-1 against a TCPStore hosted here, and returns each rank's
@@ -9,7 +15,15 @@ import os
 import subprocess
 import sys
 
+import torch
 import torch.distributed as dist
+
+
+def write_rank_weights(workdir, model, world, gen):
+    for name, p in model.named_parameters():
+        init = torch.randn(p.shape, generator=gen) * 0.2
+        for rank in range(world):
+            (init + 0.01 * rank).numpy().tofile(f"{workdir}/rank{rank}_{name}.bin")
 
 
 def run_worker_ranks(worker, scenario_args, world, label, flip=False, timeout_s=120):
@@ -48,3 +62,18 @@ def run_worker_ranks(worker, scenario_args, world, label, flip=False, timeout_s=
     if errors:
         sys.exit("\n".join(errors))
     return results
+
+
+def count_mismatches(label, expected, got, world):
+    """Counts the keys of `expected` (one dict per rank) that `got` lacks or differs on, printing
+    the first six as "<world> ranks, rank r key: <label[0]> got != <label[1]> expected"."""
+    failures = 0
+    for rank in range(world):
+        for key, value in expected[rank].items():
+            other = got[rank].get(key)
+            if other != value:
+                failures += 1
+                if failures <= 6:
+                    print(f"  {world} ranks, rank {rank} {key}: {label[0]} {str(other)[:60]} != "
+                          f"{label[1]} {value[:60]}")
+    return failures

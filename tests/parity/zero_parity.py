@@ -89,7 +89,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from worker_ranks import run_worker_ranks
+from worker_ranks import count_mismatches, run_worker_ranks, write_rank_weights
 
 STEPS, BATCH, IN, HIDDEN, OUT = 6, 16, 64, 64, 10
 # IN == HIDDEN: fc1.weight and fc2.weight have the same size, as have fc3/side and fc1/fc2's
@@ -338,12 +338,7 @@ def amp_ranks(worker, world, workdir, config, phase, flip):
 def write_inputs(workdir, phases, config):
     """Weights for the first phase's ranks, batches for every phase's ranks."""
     gen = torch.Generator().manual_seed(20261205)
-    first_world = phases[0][1]
-    for name, p in Net().named_parameters():
-        init = torch.randn(p.shape, generator=gen) * 0.2
-        for rank in range(first_world):
-            # Each rank starts elsewhere: the broadcast at construction must make them equal.
-            (init + 0.01 * rank).numpy().tofile(f"{workdir}/rank{rank}_{name}.bin")
+    write_rank_weights(workdir, Net(), phases[0][1], gen)
     steps = phase_steps(config)
     for phase, world in phases:
         start = first_step(config, phase)
@@ -360,20 +355,6 @@ def write_inputs(workdir, phases, config):
 
 def to_float(hex_word):
     return struct.unpack(">f", bytes.fromhex(hex_word))[0]
-
-
-def diff(label, expected, got, world):
-    """Counts the keys of `expected` (one dict per rank) that `got` lacks or differs on."""
-    failures = 0
-    for rank in range(world):
-        for key, value in expected[rank].items():
-            other = got[rank].get(key)
-            if other != value:
-                failures += 1
-                if failures <= 6:
-                    print(f"  {world} ranks, rank {rank} {key}: {label[0]} {str(other)[:60]} != "
-                          f"{label[1]} {value[:60]}")
-    return failures
 
 
 def sanity(lines, facts, config, phase, world):
@@ -445,14 +426,14 @@ def run_scenario(scenario, workdir, worker, flip):
                 # the partitions; everything else must be equal.
                 plain = [p[0] for p in run_torch(world, casedir, config, phase, sharded=False)]
                 failures += sanity(plain, [p[1] for p in zero], config, phase, world)
-                failures += diff(("ZeRO", "unsharded"), plain, lines, world)
+                failures += count_mismatches(("ZeRO", "unsharded"), plain, lines, world)
                 compared = sum(len(p) for p in plain)
                 if facts[0]["amp_scaling_hook"]:
                     print("  GradScaler sees _step_supports_amp_scaling on ZeRO")
                     failures += 1
             else:
                 got = amp_ranks(worker, world, casedir, config, phase, flip)
-                failures += diff(("amp", "ZeRO"), lines, got, world)
+                failures += count_mismatches(("amp", "ZeRO"), lines, got, world)
                 compared = sum(len(z) for z in lines)
             summary(world, phase, lines, facts, compared, failures)
             total += failures
