@@ -68,10 +68,10 @@ struct AMP_DISTRIBUTED_EXPORT ZeroRedundancyOptimizerOptions {
 /// position in the whole model, so sharded and unsharded rounding agree too.
 ///
 /// Contract: every rank constructs it with the same parameters (shapes, dtypes, order) and makes
-/// the same calls in the same order (SPMD). Collective calls: the constructor (it checks that
-/// the ranks hold the same parameters), step, consolidate_state_dict, save_sharded and
-/// load_sharded. add_param_group communicates nothing, but every rank must make it: each computes
-/// the partition itself.
+/// the same calls in the same order (SPMD). Collective calls: the constructor (it compares the
+/// ranks' parameter counts and bytes, and refuses with a sentence when they differ), step,
+/// consolidate_state_dict, save_sharded and load_sharded. add_param_group communicates nothing, but
+/// every rank must make it: each computes the partition itself.
 class AMP_DISTRIBUTED_EXPORT ZeroRedundancyOptimizer : public torch::optim::Optimizer,
                                                        public amp::optim::SupportsAmpScaling {
  public:
