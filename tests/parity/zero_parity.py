@@ -121,6 +121,11 @@ SCENARIOS = {
     "bf16_inf": dict(autocast="bf16", inf_at="1:3"),
     # 3 steps at one world size, consolidate and save, 3 more steps at the other.
     "reshard": dict(reshard="1"),
+    # The features together: bucket views rebuilt by an add_param_group, a frozen parameter in
+    # a bucket, bf16 autocast with an inf on one rank.
+    "together": dict(bucket_view="1", groups="1", group1_lr="0.003", group1_weight_decay="0.01",
+                     side_lr="0.02", add_group_at="2", frozen="fc1.bias", autocast="bf16",
+                     inf_at="1:4"),
 }
 # Hyperparameters printed in the group lines, after the param indices, in this order.
 GROUP_KEYS = {
@@ -264,10 +269,12 @@ def torch_rank(rank, world, port, workdir, config, phase, sharded, results):
         facts["amp_scaling_hook"] = getattr(opt, "_step_supports_amp_scaling", False)
         if opt.parameters_as_bucket_view:
             facts["zero_buckets"] = [b.numel() for b in opt._buckets[0]]
-            # Every trainable parameter's data must now be a view into its owner's bucket.
+            # Every trainable parameter of the optimizer (the side head of `groups` joins later)
+            # must now be a view into its owner's bucket.
             storages = {b.untyped_storage().data_ptr() for b in opt._buckets[0]}
             facts["params_in_buckets"] = all(p.untyped_storage().data_ptr() in storages
-                                             for p in model.parameters() if p.requires_grad)
+                                             for g in opt.param_groups for p in g["params"]
+                                             if p.requires_grad)
     scaler = torch.amp.GradScaler("cpu", init_scale=float(config["init_scale"]),
                                   growth_interval=int(config["growth_interval"]))
     if checkpoint is not None:
