@@ -80,11 +80,16 @@ TEST_CASE("Sharded steps give the unsharded optimizer's bits, for every inner op
           "[distributed][zero]") {
   // optimizer, model, extra: amp's fused optimizers (bf16 weights beside a float32 LayerNorm with
   // master weights, Kahan or stochastic rounding) and LibTorch's, at 3 ranks.
-  const std::vector<std::vector<std::string>> cases = {
-      {"fused_adamw", "fp32", "none"},   {"fused_adamw", "mixed", "master"},
-      {"fused_adamw", "mixed", "kahan"}, {"fused_adamw", "mixed", "sr"},
-      {"lion", "mixed", "sr"},           {"torch_adamw", "fp32", "none"},
-      {"torch_sgd", "fp32", "none"},     {"fused_adamw", "tiny", "none"}};
+  const std::vector<std::vector<std::string>> cases = {{"fused_adamw", "fp32", "none"},
+                                                       {"fused_adamw", "mixed", "master"},
+                                                       {"fused_adamw", "mixed", "kahan"},
+                                                       {"fused_adamw", "mixed", "sr"},
+                                                       {"lion", "mixed", "sr"},
+                                                       {"torch_adamw", "fp32", "none"},
+                                                       {"torch_sgd", "fp32", "none"},
+                                                       {"fused_adamw", "tiny", "none"},
+                                                       {"fused_adamw", "half", "master_unscale"},
+                                                       {"fused_sgd", "mixed", "kahan"}};
   for (const auto& c : cases) {
     DYNAMIC_SECTION(c[0] << " " << c[1] << " " << c[2]) {
       const auto results = successful_job({"zero_equal", c[0], c[1], c[2]}, 3);

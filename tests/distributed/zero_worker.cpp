@@ -334,6 +334,10 @@ dist::ShardOptimizerFactory factory_for(const std::string& optimizer, const std:
     return dist::shard_optimizer<amp::optim::FusedLion>(
         with_extra(amp::optim::FusedLionOptions(1e-3).weight_decay(0.1), extra));
   }
+  if (optimizer == "fused_sgd") {
+    return dist::shard_optimizer<amp::optim::FusedSGD>(
+        with_extra(amp::optim::FusedSGDOptions(0.1).momentum(0.9), extra));
+  }
   if (optimizer == "torch_adamw") {
     return dist::shard_optimizer<torch::optim::AdamW>(
         torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
@@ -348,8 +352,8 @@ bool same_bits(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& 
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i].scalar_type() != b[i].scalar_type() ||
-        !at::equal(a[i].detach().contiguous().view(at::kByte),
-                   b[i].detach().contiguous().view(at::kByte))) {
+        !at::equal(a[i].detach().reshape({-1}).contiguous().view(at::kByte),
+                   b[i].detach().reshape({-1}).contiguous().view(at::kByte))) {
       return false;
     }
   }

@@ -15,9 +15,9 @@ void zero_parity(const amp::distributed::TorchrunEnv& env, const std::string& di
                  const ParityConfig& config);
 
 /// ZeroRedundancyOptimizer against the same optimizer unsharded, in one process on every rank:
-/// `optimizer` (fused_adamw, lion, torch_adamw, torch_sgd) on `model` (fp32; mixed or half:
-/// bfloat16 or float16 weights beside a float32 LayerNorm; tiny: two parameters, fewer than the
-/// ranks), with `extra` (none, master, kahan, sr; master_unscale: master weights and unscale_
+/// `optimizer` (fused_adamw, fused_sgd, lion, torch_adamw, torch_sgd) on `model` (fp32; mixed or
+/// half: bfloat16 or float16 weights beside a float32 LayerNorm; tiny: two parameters, fewer than
+/// the ranks), with `extra` (none, master, kahan, sr; master_unscale: master weights and unscale_
 /// before the step), the lr quartered from step 2 on, on `device` (CUDA: Gloo carries CUDA tensors,
 /// so ranks can share one GPU). Prints "step{k}.equal 0|1", the partition and the state bytes of
 /// both.
