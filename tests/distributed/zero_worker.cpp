@@ -84,7 +84,10 @@ std::unique_ptr<torch::optim::OptimizerOptions> adamw_group_options(
 amp::distributed::ShardOptimizerFactory optimizer_factory(const ParityConfig& config) {
   const double lr = config.real("lr"), weight_decay = config.real("weight_decay");
   if (config.at("optim") == "adamw") {
-    if (config.at("fused") != "1") throw std::runtime_error("zero_parity: adamw is fused here");
+    if (config.at("fused") != "1") {
+      return amp::distributed::shard_optimizer<torch::optim::AdamW>(
+          torch::optim::AdamWOptions(lr).weight_decay(weight_decay));
+    }
     return amp::distributed::shard_optimizer<amp::optim::FusedAdamW>(
         amp::optim::FusedAdamWOptions(lr).weight_decay(weight_decay));
   }
