@@ -94,6 +94,15 @@ void all_or_none(c10d::ProcessGroup& group, const c10::Device& device, const std
 
 }  // namespace
 
+std::vector<at::Tensor> ZeroRedundancyOptimizer::params_where(
+    const std::function<bool(size_t)>& selected) const {
+  std::vector<at::Tensor> params;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (selected(i)) params.push_back(params_[i]);
+  }
+  return params;
+}
+
 void ZeroRedundancyOptimizer::consolidate_state_dict(int64_t to) {
   TORCH_CHECK(to >= 0 && to < world_size(), kWho, "::consolidate_state_dict: to=", to,
               " is not a rank of this group of ", world_size(), "; pass a rank in [0, ",
@@ -136,11 +145,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int64_t to) {
                                   static_cast<size_t>(sizes[r]));
     auto theirs = make_shard(r, owner_, order_);
     detail::from_bytes(*theirs, shard_bytes);
-    std::vector<at::Tensor> owned;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (owner_[i] == r) owned.push_back(params_[i]);
-    }
-    detail::move_states(*theirs, *whole, owned);
+    detail::move_states(*theirs, *whole, params_where([&](size_t i) { return owner_[i] == r; }));
   }
   consolidated_ = std::move(whole);
 }
@@ -169,11 +174,7 @@ void ZeroRedundancyOptimizer::load(torch::serialize::InputArchive& archive) {
               "optimizer ",
               param_groups_.size(), "; load a file of this model's optimizer.");
   auto shard = make_shard(rank(), owner_, order_);
-  std::vector<at::Tensor> owned;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (owner_[i] == rank()) owned.push_back(params_[i]);
-  }
-  detail::move_states(*whole, *shard, owned);
+  detail::move_states(*whole, *shard, params_where([&](size_t i) { return owner_[i] == rank(); }));
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     param_groups_[g].set_options(whole->param_groups()[g].options().clone());
     shard->param_groups()[g].set_options(whole->param_groups()[g].options().clone());
@@ -298,11 +299,9 @@ std::unique_ptr<torch::optim::Optimizer> ZeroRedundancyOptimizer::read_sharded(
     if (loaded_options.empty()) {
       for (const auto& g : theirs->param_groups()) loaded_options.push_back(g.options().clone());
     }
-    std::vector<at::Tensor> moving;
-    for (size_t i = 0; i < count; ++i) {
-      if (owner_[i] == rank() && old_owner[i] == r) moving.push_back(params_[i]);
-    }
-    detail::move_states(*theirs, *shard, moving);
+    detail::move_states(*theirs, *shard, params_where([&](size_t i) {
+      return owner_[i] == rank() && old_owner[i] == r;
+    }));
   }
   return shard;
 }

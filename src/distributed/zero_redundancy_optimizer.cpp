@@ -143,6 +143,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
       TORCH_CHECK(p.defined() && !p.is_sparse(), kWho, ": parameter ", params_.size(),
                   " is undefined or sparse; pass dense parameters.");
       sizes.back().push_back(detail::param_bytes(p));
+      index_of_.emplace(p.unsafeGetTensorImpl(), params_.size());
       params_.push_back(p);
     }
   }
@@ -159,7 +160,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
   TORCH_CHECK(differences.empty(), kWho, ": the ranks hold different parameters (",
               differences.front(), "); construct it on every rank with the same model.");
   partition_parameters(sizes, world_size(), rank_totals_, owner_, order_);
-  build_shard();
+  shard_ = make_shard(rank(), owner_, order_);
   if (options_.parameters_as_bucket_view()) build_buckets();
 }
 
@@ -189,15 +190,10 @@ std::unique_ptr<torch::optim::Optimizer> ZeroRedundancyOptimizer::make_shard(
   auto shard = make_optimizer_(groups_of_rank(rank, owner, order));
   if (auto* positioned = dynamic_cast<amp::optim::PositionedParams*>(shard.get())) {
     // Stochastic rounding's streams follow the position in the whole model's optimizer.
-    std::unordered_map<const void*, uint64_t> positions;
-    for (size_t i = 0; i < params_.size(); ++i)
-      positions.emplace(params_[i].unsafeGetTensorImpl(), static_cast<uint64_t>(i));
-    positioned->set_param_positions(std::move(positions));
+    positioned->set_param_positions(index_of_);
   }
   return shard;
 }
-
-void ZeroRedundancyOptimizer::build_shard() { shard_ = make_shard(rank(), owner_, order_); }
 
 void ZeroRedundancyOptimizer::build_buckets() {
   // One flat buffer per (device, owner, dtype), the owner's parameters in its groups' order; each
@@ -323,7 +319,10 @@ void ZeroRedundancyOptimizer::add_param_group(const OptimizerParamGroup& param_g
   for (const auto& p : added.params()) sizes.push_back(detail::param_bytes(p));
   // Already placed parameters keep their ranks: the new group continues from the totals.
   param_groups_.emplace_back(added.params(), added.options().clone());
-  for (const auto& p : added.params()) params_.push_back(p);
+  for (const auto& p : added.params()) {
+    index_of_.emplace(p.unsafeGetTensorImpl(), params_.size());
+    params_.push_back(p);
+  }
   partition_parameters({sizes}, world_size(), rank_totals_, owner_, order_);
   auto shard = make_shard(rank(), owner_, order_);
   shard->state() = std::move(shard_->state());
@@ -348,10 +347,8 @@ at::Tensor ZeroRedundancyOptimizer::float32_gradient(const at::Tensor& param) {
 }
 
 bool ZeroRedundancyOptimizer::owns(const at::Tensor& param) const {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (params_[i].is_same(param)) return owner_[i] == rank();
-  }
-  return false;
+  const auto found = index_of_.find(param.unsafeGetTensorImpl());
+  return found != index_of_.end() && owner_[found->second] == rank();
 }
 
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {

@@ -146,9 +146,10 @@ class AMP_DISTRIBUTED_EXPORT ZeroRedundancyOptimizer : public torch::optim::Opti
   std::unique_ptr<torch::optim::Optimizer> make_shard(int64_t rank,
                                                       const std::vector<int64_t>& owner,
                                                       const std::vector<int64_t>& order) const;
+  // The parameters whose global index `selected` accepts, in global order.
+  std::vector<at::Tensor> params_where(const std::function<bool(size_t)>& selected) const;
   // Whether this rank owns `param`.
   bool owns(const at::Tensor& param) const;
-  void build_shard();
   // save_sharded's and load_sharded's work on this rank (they agree with the others around it).
   void write_sharded(const std::string& directory) const;
   std::unique_ptr<torch::optim::Optimizer> read_sharded(
@@ -172,8 +173,10 @@ class AMP_DISTRIBUTED_EXPORT ZeroRedundancyOptimizer : public torch::optim::Opti
   // (Python's: largest first, stable), as global indices.
   std::vector<int64_t> owner_;
   std::vector<int64_t> order_;
-  // Every parameter by global index.
+  // Every parameter by global index, and each one's global index by TensorImpl (also its position
+  // for stochastic rounding's streams).
   std::vector<at::Tensor> params_;
+  std::unordered_map<const void*, uint64_t> index_of_;
   std::vector<int64_t> rank_totals_;
   std::vector<at::Tensor> buckets_;
   std::vector<int64_t> bucket_owner_;
