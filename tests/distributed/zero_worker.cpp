@@ -26,6 +26,8 @@
 #include <amp/low_precision.h>
 #include <amp/optim.h>
 
+#include "support/bits.h"
+
 namespace amp_worker {
 
 namespace {
@@ -354,11 +356,7 @@ dist::ShardOptimizerFactory factory_for(const std::string& optimizer, const std:
 bool same_bits(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].scalar_type() != b[i].scalar_type() ||
-        !at::equal(a[i].detach().reshape({-1}).contiguous().view(at::kByte),
-                   b[i].detach().reshape({-1}).contiguous().view(at::kByte))) {
-      return false;
-    }
+    if (!amp_test::same_bytes(a[i], b[i])) return false;
   }
   return true;
 }

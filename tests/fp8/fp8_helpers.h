@@ -1,5 +1,5 @@
-// What the fp8 suites share: their common names, the recipes' names, a bit-for-bit comparison of
-// tensors on any device, and whether this LibTorch's CPU float8 GEMM takes rowwise scales.
+// What the fp8 suites share: their common names (same_bytes, from support/bits.h, among them),
+// the recipes' names, and whether this LibTorch's CPU float8 GEMM takes rowwise scales.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,6 +9,8 @@
 #include <vector>
 
 #include <amp/fp8.h>
+
+#include "support/bits.h"
 
 // The fp8 types every suite names, for the whole file that includes this header.
 using amp::fp8::Float8AutocastGuard;
@@ -21,15 +23,6 @@ namespace amp_test {
 /// Every float8 recipe by name, in the order the suites that try them all go through them.
 inline const std::vector<std::string> kRecipeNames = {"tensorwise", "rowwise", "rowwise_with_gw_hp",
                                                       "delayed"};
-
-/// Whether `a` and `b` have the same dtype, shape and bytes, NaN payloads and float8 included
-/// (read on the CPU, from any device; support/bits.h's same_bits ignores NaN payloads).
-inline bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
-  const auto x = a.detach().cpu().reshape({-1}).contiguous();
-  const auto y = b.detach().cpu().reshape({-1}).contiguous();
-  return x.scalar_type() == y.scalar_type() && a.sizes() == b.sizes() &&
-         at::equal(x.view(at::kByte), y.view(at::kByte));
-}
 
 /// Whether this LibTorch's CPU at::_scaled_mm takes rowwise scales (2.14's does, 2.11's not).
 inline bool cpu_takes_rowwise_scales() {

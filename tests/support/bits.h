@@ -29,4 +29,13 @@ inline bool same_bits(const torch::Tensor& a, const torch::Tensor& b_any) {
   return torch::equal(raw_bits(a).flatten().index({keep}), raw_bits(b).flatten().index({keep}));
 }
 
+/// Whether `a` and `b` have the same dtype, shape and bytes, NaN payloads and float8 included
+/// (read on the CPU, from any device; same_bits above ignores NaN payloads).
+inline bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
+  const auto x = a.detach().cpu().reshape({-1}).contiguous();
+  const auto y = b.detach().cpu().reshape({-1}).contiguous();
+  return x.scalar_type() == y.scalar_type() && a.sizes() == b.sizes() &&
+         at::equal(x.view(at::kByte), y.view(at::kByte));
+}
+
 }  // namespace amp_test
