@@ -13,9 +13,6 @@
 
 namespace amp::optim {
 
-using torch::serialize::InputArchive;
-using torch::serialize::OutputArchive;
-
 namespace {
 
 // ---- the options, for both types ----
@@ -70,16 +67,15 @@ FusedAdamParamState& state_for(StateMap& states, const at::Tensor& param, bool a
 // dtype (converted when a checkpoint or an options change left another), and the master copy or
 // compensation the plan needs.
 template <typename AdamOptions>
-void adam_low_precision(StateMap& states, const AdamOptions& o, bool decoupled,
-                        const detail::LowPrecisionPlan& plan, const std::vector<at::Tensor>& params,
-                        const detail::ParamPositions& positions,
-                        const std::optional<at::Tensor>& grad_scale,
-                        const std::optional<at::Tensor>& found_inf, const std::string& where) {
+void adam_low_precision(const detail::EngineBucket& bucket, const AdamOptions& o, bool decoupled) {
   using Rule = detail::engine::AdamRule;
-  const auto slots = detail::engine_slots<FusedAdamParamState>(
-      states, params, positions, plan, where,
+  const auto [beta1, beta2] = o.betas();
+  const detail::AdamHyper hyper{o.lr(),           beta1,       beta2,        o.eps(),
+                                o.weight_decay(), o.amsgrad(), o.maximize(), decoupled};
+  detail::step_on_engine<Rule, FusedAdamParamState>(
+      bucket, o, hyper,
       [&](FusedAdamParamState& state, const at::Tensor& param, detail::StepSlot& slot) {
-        const c10::ScalarType dtype = plan.state_dtype;
+        const c10::ScalarType dtype = bucket.plan.state_dtype;
         state.exp_avg(detail::state_tensor(state.exp_avg(), param, dtype));
         state.exp_avg_sq(detail::state_tensor(state.exp_avg_sq(), param, dtype));
         if (o.amsgrad()) {
@@ -89,11 +85,6 @@ void adam_low_precision(StateMap& states, const AdamOptions& o, bool decoupled,
         slot.state[Rule::kExpAvgSq] = state.exp_avg_sq();
         if (o.amsgrad()) slot.state[Rule::kMaxExpAvgSq] = state.max_exp_avg_sq();
       });
-  const auto [beta1, beta2] = o.betas();
-  detail::run_rule_step<Rule>(slots,
-                              detail::AdamHyper{o.lr(), beta1, beta2, o.eps(), o.weight_decay(),
-                                                o.amsgrad(), o.maximize(), decoupled},
-                              detail::step_args(o, plan, grad_scale, found_inf));
 }
 
 // One group's step; `decoupled` is AdamW's weight decay, `lr_tensor` the capturable lr.
@@ -105,8 +96,8 @@ void adam_step_group(StateMap& states, const AdamOptions& o, bool decoupled,
   const auto [beta1, beta2] = o.betas();
   for (const auto& [dtype, params] : work.params_by_dtype) {
     if (const auto plan = detail::low_precision_plan(o, dtype)) {
-      adam_low_precision(states, o, decoupled, *plan, params, positions, grad_scale, found_inf,
-                         where);
+      adam_low_precision({states, *plan, params, positions, grad_scale, found_inf, where}, o,
+                         decoupled);
       continue;
     }
     std::vector<at::Tensor> grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;

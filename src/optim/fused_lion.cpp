@@ -11,9 +11,6 @@
 
 namespace amp::optim {
 
-using torch::serialize::InputArchive;
-using torch::serialize::OutputArchive;
-
 // ---- options and state ----
 
 FusedLionOptions::FusedLionOptions(double lr) { this->lr(lr); }
@@ -106,13 +103,12 @@ void FusedLion::step_group(size_t group_index, const FusedLionOptions& o,
     check_lion_dtype(dtype, where);
     const detail::LowPrecisionPlan plan = lion_plan(o, dtype);
     using Rule = detail::engine::LionRule;
-    const auto slots = detail::engine_slots<FusedLionParamState>(
-        state_, params, positions, plan, where,
+    detail::step_on_engine<Rule, FusedLionParamState>(
+        {state_, plan, params, positions, grad_scale, found_inf, where}, o, hyper,
         [&](FusedLionParamState& state, const at::Tensor& param, detail::StepSlot& slot) {
           state.exp_avg(detail::state_tensor(state.exp_avg(), param, plan.state_dtype));
           slot.state[Rule::kExpAvg] = state.exp_avg();
         });
-    detail::run_rule_step<Rule>(slots, hyper, detail::step_args(o, plan, grad_scale, found_inf));
   }
 }
 

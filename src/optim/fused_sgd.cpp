@@ -11,9 +11,6 @@
 
 namespace amp::optim {
 
-using torch::serialize::InputArchive;
-using torch::serialize::OutputArchive;
-
 // ---- options and state ----
 
 FusedSGDOptions::FusedSGDOptions(double lr) { this->lr(lr); }
@@ -80,27 +77,21 @@ namespace {
 
 // One dtype bucket of bfloat16/float16 parameters through amp's step engine under the
 // low-precision options.
-void sgd_low_precision(detail::StateMap& states, const FusedSGDOptions& o,
-                       const detail::LowPrecisionPlan& plan, const std::vector<at::Tensor>& params,
-                       const detail::ParamPositions& positions,
-                       const std::optional<at::Tensor>& grad_scale,
-                       const std::optional<at::Tensor>& found_inf, const std::string& where) {
+void sgd_low_precision(const detail::EngineBucket& bucket, const FusedSGDOptions& o) {
   using Rule = detail::engine::SgdRule;
-  const auto slots = detail::engine_slots<FusedSGDParamState>(
-      states, params, positions, plan, where,
+  const detail::SgdHyper hyper{o.lr(),           o.momentum(), o.dampening(),
+                               o.weight_decay(), o.nesterov(), o.maximize()};
+  detail::step_on_engine<Rule, FusedSGDParamState>(
+      bucket, o, hyper,
       [&](FusedSGDParamState& state, const at::Tensor& param, detail::StepSlot& slot) {
         // A new buffer starts at zeros (as on the ATen path): a skipped first step leaves zeros.
         slot.first = o.momentum() != 0.0 && !state.momentum_buffer().defined();
         if (o.momentum() != 0.0) {
           state.momentum_buffer(
-              detail::state_tensor(state.momentum_buffer(), param, plan.state_dtype));
+              detail::state_tensor(state.momentum_buffer(), param, bucket.plan.state_dtype));
         }
         slot.state[Rule::kMomentumBuffer] = state.momentum_buffer();
       });
-  detail::run_rule_step<Rule>(slots,
-                              detail::SgdHyper{o.lr(), o.momentum(), o.dampening(),
-                                               o.weight_decay(), o.nesterov(), o.maximize()},
-                              detail::step_args(o, plan, grad_scale, found_inf));
 }
 
 }  // namespace
@@ -127,8 +118,8 @@ void FusedSGD::step_group(size_t group_index, const FusedSGDOptions& o,
   for (const auto& [dtype, params] : work.params_by_dtype) {
     if (const auto plan = detail::low_precision_plan(o, dtype)) {
       if (!positions) positions.emplace(param_groups_, param_positions());
-      sgd_low_precision(state_, o, *plan, params, *positions, grad_scale, found_inf,
-                        detail::group_where(name(), group_index));
+      const std::string where = detail::group_where(name(), group_index);
+      sgd_low_precision({state_, *plan, params, *positions, grad_scale, found_inf, where}, o);
       continue;
     }
     if (o.momentum() == 0.0) {

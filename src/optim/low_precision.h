@@ -293,6 +293,28 @@ std::vector<StepSlot> engine_slots(StateMap& states, const std::vector<at::Tenso
   return slots;
 }
 
+/// One dtype bucket of a group's step on the engine: the parameters, their plan and positions,
+/// the scaler's hand-over, and `where` for errors.
+struct EngineBucket {
+  StateMap& states;
+  const LowPrecisionPlan& plan;
+  const std::vector<at::Tensor>& params;
+  const ParamPositions& positions;
+  const std::optional<at::Tensor>& grad_scale;
+  const std::optional<at::Tensor>& found_inf;
+  const std::string& where;
+};
+
+/// Runs `Rule` over a bucket: engine_slots() with the rule's `fill_rule_state`, then the step
+/// with `hyper`. Every optimizer on the engine takes this path.
+template <typename Rule, typename State, typename Options, typename FillRuleState>
+void step_on_engine(const EngineBucket& bucket, const Options& o, const typename Rule::Hyper& hyper,
+                    const FillRuleState& fill_rule_state) {
+  const auto slots = engine_slots<State>(bucket.states, bucket.params, bucket.positions,
+                                         bucket.plan, bucket.where, fill_rule_state);
+  run_rule_step<Rule>(slots, hyper, step_args(o, bucket.plan, bucket.grad_scale, bucket.found_inf));
+}
+
 /// The master copy and compensation of a loaded state entry (`saved`), kept where `plan` (the
 /// loaded options' plan for the parameter; nullopt: none) uses them, checked against `param` and
 /// moved to its device (the first step creates missing ones).

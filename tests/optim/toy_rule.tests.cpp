@@ -16,31 +16,30 @@ struct ToyHyper {
   double lr, decay;
 };
 
-struct ToyScalars {
-  float scale, lr, decay;
+struct ToyScalars : GradScalars {
+  float lr, decay;
 };
 
 namespace engine {
 namespace {
 
 // trace = decay * trace + g;  p = p - lr * trace  (float32, one rounding per operation).
-struct ToyRule {
-  using Hyper = ToyHyper;
-  using Scalars = ToyScalars;
+struct ToyRule : RuleOf<ToyHyper, ToyScalars> {
   static constexpr const char* kName = "Toy";
   enum StateSlot : int { kTrace };
-  static constexpr bool kHasVariant = false;
-  static constexpr bool kCountsSteps = false;
-  static bool variant(const Hyper&) { return false; }
 
   static Scalars scalars(const Hyper& h, float, bool, float scale) {
-    return Scalars{scale, static_cast<float>(h.lr), static_cast<float>(h.decay)};
+    Scalars c;
+    set_grad_scalars(c, scale, /*maximize=*/false);
+    c.lr = static_cast<float>(h.lr);
+    c.decay = static_cast<float>(h.decay);
+    return c;
   }
 
   template <typename P, typename S, WriteBack W, bool>
   static void element(const Pointers<P, S>& p, const Scalars& c, uint64_t key, int64_t i,
                       int64_t index) {
-    const float g = unscaled_grad<P>(p, i, c.scale, 1.0f);
+    const float g = unscaled_grad<P>(p, i, c);
     const float w = read_weight<P, W>(p, i);
     const auto trace = S::store(S::load(p.state[kTrace][i]) * c.decay + g);
     p.state[kTrace][i] = trace;

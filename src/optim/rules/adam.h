@@ -13,9 +13,9 @@ struct AdamHyper {
 
 /// Float32 constants of one parameter's step, each rounded once from its double value (the
 /// reference does the same).
-struct AdamScalars {
-  float scale, sign;
-  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, lr_weight_decay;
+struct AdamScalars : GradScalars {
+  Betas betas;
+  float eps, weight_decay, lr_weight_decay;
   float step_size, bias_correction2_sqrt;
   bool l2, decoupled;
 };
@@ -23,9 +23,7 @@ struct AdamScalars {
 namespace engine {
 namespace {
 
-struct AdamRule {
-  using Hyper = AdamHyper;
-  using Scalars = AdamScalars;
+struct AdamRule : RuleOf<AdamHyper, AdamScalars> {
   static constexpr const char* kName = "Adam";
   enum StateSlot : int { kExpAvg, kExpAvgSq, kMaxExpAvgSq };
   static constexpr bool kHasVariant = true;  // amsgrad: the running maximum of exp_avg_sq
@@ -34,12 +32,8 @@ struct AdamRule {
 
   static AMP_HOST_DEVICE_INLINE Scalars scalars(const Hyper& h, float count, bool, float scale) {
     Scalars c;
-    c.scale = scale;
-    c.sign = h.maximize ? -1.0f : 1.0f;
-    c.beta1 = static_cast<float>(h.beta1);
-    c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
-    c.beta2 = static_cast<float>(h.beta2);
-    c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+    set_grad_scalars(c, scale, h.maximize);
+    c.betas = betas(h.beta1, h.beta2);
     c.eps = static_cast<float>(h.eps);
     c.weight_decay = static_cast<float>(h.weight_decay);
     c.lr_weight_decay = static_cast<float>(h.lr * h.weight_decay);
@@ -56,14 +50,13 @@ struct AdamRule {
   template <typename P, typename S, WriteBack W, bool kAmsgrad>
   static AMP_HOST_DEVICE_INLINE void element(const Pointers<P, S>& p, const Scalars& c,
                                              uint64_t key, int64_t i, int64_t index) {
-    // Selects rather than branches: the CPU loop stays one straight line for the vectoriser.
-    float g = unscaled_grad<P>(p, i, c.scale, c.sign);
     const float w = read_weight<P, W>(p, i);
-    g = c.l2 ? g + w * c.weight_decay : g;
+    const float g = with_l2(unscaled_grad<P>(p, i, c), w, c.l2, c.weight_decay);
     // The state is stored, and read back, in its own dtype before the update uses it.
-    const auto m_raw = S::store(S::load(p.state[kExpAvg][i]) * c.beta1 + g * c.one_minus_beta1);
-    const auto v_raw =
-        S::store(S::load(p.state[kExpAvgSq][i]) * c.beta2 + (g * g) * c.one_minus_beta2);
+    const auto m_raw =
+        S::store(S::load(p.state[kExpAvg][i]) * c.betas.beta1 + g * c.betas.one_minus_beta1);
+    const auto v_raw = S::store(S::load(p.state[kExpAvgSq][i]) * c.betas.beta2 +
+                                (g * g) * c.betas.one_minus_beta2);
     p.state[kExpAvg][i] = m_raw;
     p.state[kExpAvgSq][i] = v_raw;
     const float m = S::load(m_raw);

@@ -18,32 +18,23 @@ struct LionHyper {
   bool maximize;
 };
 
-struct LionScalars {
-  float scale, sign;
-  float beta1, one_minus_beta1, beta2, one_minus_beta2, neg_lr, decay;
+struct LionScalars : GradScalars {
+  Betas betas;
+  float neg_lr, decay;
 };
 
 namespace engine {
 namespace {
 
-struct LionRule {
-  using Hyper = LionHyper;
-  using Scalars = LionScalars;
+struct LionRule : RuleOf<LionHyper, LionScalars> {
   static constexpr const char* kName = "Lion";
   enum StateSlot : int { kExpAvg };
-  static constexpr bool kHasVariant = false;
-  static constexpr bool kCountsSteps = false;
-  static bool variant(const Hyper&) { return false; }
 
   static AMP_HOST_DEVICE_INLINE Scalars scalars(const Hyper& h, float, bool, float scale) {
     // Each constant as Python forms it (a double) and ATen passes it to a float32 kernel.
     Scalars c;
-    c.scale = scale;
-    c.sign = h.maximize ? -1.0f : 1.0f;
-    c.beta1 = static_cast<float>(h.beta1);
-    c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
-    c.beta2 = static_cast<float>(h.beta2);
-    c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+    set_grad_scalars(c, scale, h.maximize);
+    c.betas = betas(h.beta1, h.beta2);
     c.neg_lr = static_cast<float>(-h.lr);
     c.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
     return c;
@@ -52,16 +43,16 @@ struct LionRule {
   template <typename P, typename S, WriteBack W, bool>
   static AMP_HOST_DEVICE_INLINE void element(const Pointers<P, S>& p, const Scalars& c,
                                              uint64_t key, int64_t i, int64_t index) {
-    const float g = unscaled_grad<P>(p, i, c.scale, c.sign);
+    const float g = unscaled_grad<P>(p, i, c);
     const float w = read_weight<P, W>(p, i);
     const float m = S::load(p.state[kExpAvg][i]);
-    const float interpolated = fmadd(g, c.one_minus_beta1, m * c.beta1);
+    const float interpolated = fmadd(g, c.betas.one_minus_beta1, m * c.betas.beta1);
     const float direction =
         static_cast<float>(interpolated > 0.0f) - static_cast<float>(interpolated < 0.0f);
     // The decayed weight and the step along the sign: two roundings, as lion-pytorch's mul_ then
     // add_ (the product direction * lr is exact).
     const float next = fmadd(direction, c.neg_lr, w * c.decay);
-    p.state[kExpAvg][i] = S::store(fmadd(g, c.one_minus_beta2, m * c.beta2));
+    p.state[kExpAvg][i] = S::store(fmadd(g, c.betas.one_minus_beta2, m * c.betas.beta2));
     if constexpr (std::is_same_v<P, F32> && W == WriteBack::kRoundNearest) {
       p.param[i] = next;  // float32 parameters: lion-pytorch's value itself
     } else {

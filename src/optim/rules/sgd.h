@@ -11,8 +11,7 @@ struct SgdHyper {
   bool nesterov, maximize;
 };
 
-struct SgdScalars {
-  float scale, sign;
+struct SgdScalars : GradScalars {
   float lr, momentum, one_minus_dampening, weight_decay;
   bool l2, nesterov, first;
 };
@@ -20,36 +19,17 @@ struct SgdScalars {
 namespace engine {
 namespace {
 
-struct SgdRule {
-  using Hyper = SgdHyper;
-  using Scalars = SgdScalars;
+struct SgdRule : RuleOf<SgdHyper, SgdScalars> {
   static constexpr const char* kName = "SGD";
   enum StateSlot : int { kMomentumBuffer };
   static constexpr bool kHasVariant = true;  // momentum: a buffer to keep
-  static constexpr bool kCountsSteps = false;
   static bool variant(const Hyper& h) { return h.momentum != 0.0; }
-
-  /// `first`: the momentum buffer is new, so this step copies the gradient into it.
-  static AMP_HOST_DEVICE_INLINE Scalars scalars(const Hyper& h, float, bool first, float scale) {
-    Scalars c;
-    c.scale = scale;
-    c.sign = h.maximize ? -1.0f : 1.0f;
-    c.lr = static_cast<float>(h.lr);
-    c.momentum = static_cast<float>(h.momentum);
-    c.one_minus_dampening = static_cast<float>(1.0 - h.dampening);
-    c.weight_decay = static_cast<float>(h.weight_decay);
-    c.l2 = h.weight_decay != 0.0;
-    c.nesterov = h.nesterov;
-    c.first = first;
-    return c;
-  }
 
   template <typename P, typename S, WriteBack W, bool kMomentum>
   static AMP_HOST_DEVICE_INLINE void element(const Pointers<P, S>& p, const Scalars& c,
                                              uint64_t key, int64_t i, int64_t index) {
-    float g = unscaled_grad<P>(p, i, c.scale, c.sign);
     const float w = read_weight<P, W>(p, i);
-    g = c.l2 ? g + w * c.weight_decay : g;
+    const float g = with_l2(unscaled_grad<P>(p, i, c), w, c.l2, c.weight_decay);
     float d = g;
     if constexpr (kMomentum) {
       const float continued =
@@ -60,6 +40,20 @@ struct SgdRule {
       d = c.nesterov ? g + b * c.momentum : b;
     }
     apply_update<P, W>(p, key, i, index, w, -(d * c.lr));
+  }
+
+  /// `first`: the momentum buffer is new, so this step copies the gradient into it.
+  static AMP_HOST_DEVICE_INLINE Scalars scalars(const Hyper& h, float, bool first, float scale) {
+    Scalars c;
+    set_grad_scalars(c, scale, h.maximize);
+    c.lr = static_cast<float>(h.lr);
+    c.momentum = static_cast<float>(h.momentum);
+    c.one_minus_dampening = static_cast<float>(1.0 - h.dampening);
+    c.weight_decay = static_cast<float>(h.weight_decay);
+    c.l2 = h.weight_decay != 0.0;
+    c.nesterov = h.nesterov;
+    c.first = first;
+    return c;
   }
 };
 
