@@ -235,44 +235,38 @@ class Run {
       const double momentum = real(need(w, "momentum"));
       const double dampening = real(need(w, "dampening"));
       const bool nesterov = integer(need(w, "nesterov")) != 0;
+      // The same settings on LibTorch's options and on amp's.
+      const auto with_settings = [&](auto options) {
+        return options.momentum(momentum)
+            .dampening(dampening)
+            .weight_decay(weight_decay)
+            .nesterov(nesterov);
+      };
       if (kind_ == "sgd") {
-        optimizer_ = std::make_unique<torch::optim::SGD>(params_, torch::optim::SGDOptions(lr)
-                                                                      .momentum(momentum)
-                                                                      .dampening(dampening)
-                                                                      .weight_decay(weight_decay)
-                                                                      .nesterov(nesterov));
+        optimizer_ = std::make_unique<torch::optim::SGD>(
+            params_, with_settings(torch::optim::SGDOptions(lr)));
       } else {
-        optimizer_ = std::make_unique<amp::optim::FusedSGD>(params_, amp::optim::FusedSGDOptions(lr)
-                                                                         .momentum(momentum)
-                                                                         .dampening(dampening)
-                                                                         .weight_decay(weight_decay)
-                                                                         .nesterov(nesterov));
+        optimizer_ = std::make_unique<amp::optim::FusedSGD>(
+            params_, with_settings(amp::optim::FusedSGDOptions(lr)));
       }
       return;
     }
     const auto betas = std::make_tuple(real(need(w, "beta1")), real(need(w, "beta2")));
     const double eps = real(need(w, "eps"));
     const bool amsgrad = integer(need(w, "amsgrad")) != 0;
+    const auto with_settings = [&](auto options) {
+      return options.betas(betas).eps(eps).weight_decay(weight_decay).amsgrad(amsgrad);
+    };
     if (kind_ == "adam") {
-      optimizer_ = std::make_unique<torch::optim::Adam>(params_, torch::optim::AdamOptions(lr)
-                                                                     .betas(betas)
-                                                                     .eps(eps)
-                                                                     .weight_decay(weight_decay)
-                                                                     .amsgrad(amsgrad));
+      optimizer_ = std::make_unique<torch::optim::Adam>(
+          params_, with_settings(torch::optim::AdamOptions(lr)));
     } else if (kind_ == "fused_adam") {
-      optimizer_ = std::make_unique<amp::optim::FusedAdam>(params_, amp::optim::FusedAdamOptions(lr)
-                                                                        .betas(betas)
-                                                                        .eps(eps)
-                                                                        .weight_decay(weight_decay)
-                                                                        .amsgrad(amsgrad));
+      optimizer_ = std::make_unique<amp::optim::FusedAdam>(
+          params_, with_settings(amp::optim::FusedAdamOptions(lr)));
     } else {
       TORCH_CHECK(kind_ == "fused_adamw", "difffuzz runner: unknown optimizer '", kind_, "'");
-      optimizer_ =
-          std::make_unique<amp::optim::FusedAdamW>(params_, amp::optim::FusedAdamWOptions(lr)
-                                                                .betas(betas)
-                                                                .eps(eps)
-                                                                .weight_decay(weight_decay)
-                                                                .amsgrad(amsgrad));
+      optimizer_ = std::make_unique<amp::optim::FusedAdamW>(
+          params_, with_settings(amp::optim::FusedAdamWOptions(lr)));
     }
   }
 

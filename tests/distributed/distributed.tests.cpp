@@ -33,6 +33,7 @@ namespace dist = amp::distributed;
 using amp_test::describe;
 using amp_test::RankResult;
 using amp_test::require_all_succeeded;
+using amp_test::run_passing_ranks;
 using amp_test::run_ranks;
 using amp_test::single_rank_group;
 
@@ -95,8 +96,7 @@ TEST_CASE("An inf on one rank makes every rank skip, with equal scales and param
   const int world = GENERATE(2, 3);
   const std::string optimizer = GENERATE("sgd", "fused_sgd", "fused_adamw");
   CAPTURE(world, optimizer);
-  const auto results = run_ranks({"skip", optimizer, "sync"}, world);
-  require_all_succeeded(results);
+  const auto results = run_passing_ranks({"skip", optimizer, "sync"}, world);
   INFO(describe(results));
   for (const auto& r : results) {
     CHECK(r.at("step1.found_inf") == bits(0.0f));
@@ -119,8 +119,7 @@ TEST_CASE("CUDA scalers on two ranks sharing a GPU skip together over Gloo",
           "[distributed][cuda]") {
   const std::string optimizer = GENERATE("sgd", "fused_adamw");
   CAPTURE(optimizer);
-  const auto results = run_ranks({"skip", optimizer, "sync", "cuda"}, 2);
-  require_all_succeeded(results);
+  const auto results = run_passing_ranks({"skip", optimizer, "sync", "cuda"}, 2);
   INFO(describe(results));
   for (const auto& r : results) {
     CHECK(r.at("step1.found_inf") == bits(0.0f));
@@ -144,8 +143,7 @@ TEST_CASE("Without torchrun's agent store, rank 0 hosts the rendezvous store", "
 
 TEST_CASE("Without the found-inf sync the same job lets the ranks diverge", "[distributed]") {
   // The control of the case above: it shows that the scenario can fail.
-  const auto results = run_ranks({"skip", "sgd", "nosync"}, 2);
-  require_all_succeeded(results);
+  const auto results = run_passing_ranks({"skip", "sgd", "nosync"}, 2);
   INFO(describe(results));
   CHECK(results[0].at("step2.found_inf") == bits(0.0f));
   CHECK(results[1].at("step2.found_inf") == bits(1.0f));
@@ -164,8 +162,7 @@ TEST_CASE("DistributedDataParallel averages gradients over the ranks with every 
                Row{2, "fp16", "25", "unused", 1, 1});
   const auto [world, comm, cap, unused, buckets1, buckets2] = row;
   CAPTURE(world, comm, cap, unused);
-  const auto results = run_ranks({"ddp_grads", comm, cap, unused}, world);
-  require_all_succeeded(results);
+  const auto results = run_passing_ranks({"ddp_grads", comm, cap, unused}, world);
   INFO(describe(results));
   // Rank r's gradient element i of parameter j is world * (r + 1) * ((i + j) % 5 + 1): averaged,
   // every value is an integer that all three transfer dtypes hold exactly. With "unused",
@@ -200,8 +197,7 @@ TEST_CASE("DistributedDataParallel averages gradients over the ranks with every 
 
 TEST_CASE("A bucket's all-reduce starts while backward is still producing gradients",
           "[distributed][ddp]") {
-  const auto results = run_ranks({"overlap"}, 2);
-  require_all_succeeded(results);
+  const auto results = run_passing_ranks({"overlap"}, 2);
   INFO(describe(results));
   for (const auto& r : results) {
     // Four Linear layers (8 parameters) in 3 buckets. The hook saw the first bucket (the last
@@ -295,10 +291,8 @@ TEST_CASE("A float16 transfer that overflows makes every rank skip, and bfloat16
   const std::string optimizer = GENERATE("sgd", "fused_sgd", "fused_adamw");
   const bool fused = optimizer != "sgd";
   CAPTURE(world, optimizer);
-  const auto fp16 = run_ranks({"overflow", "fp16", optimizer}, world);
-  require_all_succeeded(fp16);
-  const auto bf16 = run_ranks({"overflow", "bf16", optimizer}, world);
-  require_all_succeeded(bf16);
+  const auto fp16 = run_passing_ranks({"overflow", "fp16", optimizer}, world);
+  const auto bf16 = run_passing_ranks({"overflow", "bf16", optimizer}, world);
   INFO(describe(fp16) + describe(bf16));
   for (const auto& r : fp16) {
     CHECK(r.at("found_inf") == bits(1.0f));
@@ -320,8 +314,7 @@ TEST_CASE("bf16 weights with master copies, Kahan or stochastic rounding train a
   const int world = GENERATE(2, 3);
   const std::string mode = GENERATE("master", "kahan", "sr");
   CAPTURE(world, mode);
-  const auto results = run_ranks({"low_precision", mode}, world);
-  require_all_succeeded(results);
+  const auto results = run_passing_ranks({"low_precision", mode}, world);
   INFO(describe(results));
   for (const auto& r : results) {
     // The gradients were averaged in the parameters' dtype, and the parameters stayed bf16.
@@ -345,8 +338,7 @@ TEST_CASE(
     "[distributed][fp8]") {
   const int world = GENERATE(2, 3);
   CAPTURE(world);
-  const auto synced = run_ranks({"fp8_delayed", "sync"}, world);
-  require_all_succeeded(synced);
+  const auto synced = run_passing_ranks({"fp8_delayed", "sync"}, world);
   INFO(describe(synced));
   for (const auto& r : synced) {
     for (const char* key : {"amax_history_input", "amax_history_weight", "amax_history_grad_output",
@@ -368,8 +360,7 @@ TEST_CASE(
   for (const auto& r : synced) CHECK(r.at("amax_reductions") == "3");
 
   // Without the reduction each rank records its own amaxes, so the histories differ.
-  const auto local = run_ranks({"fp8_delayed", "local"}, world);
-  require_all_succeeded(local);
+  const auto local = run_passing_ranks({"fp8_delayed", "local"}, world);
   INFO(describe(local));
   CHECK(local[0].at("amax_history_input") != local.back().at("amax_history_input"));
   CHECK(local[0].at("scale_input") != local.back().at("scale_input"));
@@ -383,8 +374,7 @@ TEST_CASE("Batched float8 amax reductions run beside DistributedDataParallel's b
   // histories, scales and parameters.
   const int world = GENERATE(2, 3);
   CAPTURE(world);
-  const auto results = run_ranks({"fp8_delayed_ddp", "sync"}, world);
-  require_all_succeeded(results);
+  const auto results = run_passing_ranks({"fp8_delayed_ddp", "sync"}, world);
   INFO(describe(results));
   REQUIRE(results[0].values.count("0.amax_history_grad_output") == 1);
   REQUIRE(results[0].values.count("1.weight") == 1);
@@ -405,8 +395,7 @@ TEST_CASE(
   // rank whose inputs are larger than rank 0's casts with rank 0's scale and saturates.
   const int world = GENERATE(2, 3);
   CAPTURE(world);
-  const auto results = run_ranks({"fp8_delayed_ddp", "local"}, world);
-  require_all_succeeded(results);
+  const auto results = run_passing_ranks({"fp8_delayed_ddp", "local"}, world);
   INFO(describe(results));
   for (const auto& r : results) {
     // The first layer's input history after three casts of a 4-long history: [0, a1, a2, a3],
@@ -440,8 +429,7 @@ TEST_CASE(
                std::make_pair(3, "find_unused"));
   CAPTURE(world, mode);
   amp_test::TempDir dir("ddp_resume");
-  const auto results = run_ranks({"ddp_resume", dir.path().string(), mode}, world);
-  require_all_succeeded(results);
+  const auto results = run_passing_ranks({"ddp_resume", dir.path().string(), mode}, world);
   INFO(describe(results));
   for (const auto& r : results) {
     for (const char* what : {"params", "scale", "state"}) {
@@ -772,8 +760,7 @@ TEST_CASE("A one-rank NCCL group syncs a CUDA scaler and averages CUDA gradients
 
 TEST_CASE("DistributedDataParallel on two ranks sharing a GPU over Gloo averages CUDA gradients",
           "[distributed][cuda]") {
-  const auto results = run_ranks({"ddp_grads", "fp16", "1e-7", "unused", "cuda"}, 2);
-  require_all_succeeded(results);
+  const auto results = run_passing_ranks({"ddp_grads", "fp16", "1e-7", "unused", "cuda"}, 2);
   INFO(describe(results));
   const std::vector<int64_t> numel{0, 1, 7, 15, 33, 2};
   for (const auto& r : results) {

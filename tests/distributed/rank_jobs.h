@@ -50,6 +50,14 @@ inline void require_all_succeeded(const std::vector<RankResult>& results) {
   for (const auto& r : results) REQUIRE(r.status == 0);
 }
 
+/// run_ranks() for a job every rank of which must exit 0: requires it, and returns the results.
+inline std::vector<RankResult> run_passing_ranks(const std::vector<std::string>& args, int world,
+                                                 std::map<std::string, std::string> env = {}) {
+  auto results = run_ranks(args, world, 0, std::move(env));
+  require_all_succeeded(results);
+  return results;
+}
+
 /// A Gloo group of this process alone (a FileStore in `dir`).
 inline c10::intrusive_ptr<c10d::ProcessGroup> single_rank_group(
     const amp_test::TempDir& dir, amp::distributed::GroupOptions options = {}) {

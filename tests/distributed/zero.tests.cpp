@@ -23,6 +23,7 @@ namespace {
 namespace dist = amp::distributed;
 using amp_test::describe;
 using amp_test::RankResult;
+using amp_test::run_passing_ranks;
 using Catch::Contains;
 
 struct Partition {
@@ -33,14 +34,6 @@ Partition partition(const std::vector<std::vector<int64_t>>& sizes, int64_t worl
   Partition p;
   dist::partition_parameters(sizes, world, p.totals, p.owner, p.order);
   return p;
-}
-
-// A job of the worker's scenario `args` on `world` ranks, every one of which must succeed.
-std::vector<RankResult> successful_job(const std::vector<std::string>& args, int world,
-                                       std::map<std::string, std::string> env = {}) {
-  auto results = amp_test::run_ranks(args, world, 0, std::move(env));
-  amp_test::require_all_succeeded(results);
-  return results;
 }
 
 // Every rank printed `key` with the same value; returns it.
@@ -92,7 +85,7 @@ TEST_CASE("Sharded steps give the unsharded optimizer's bits, for every inner op
                                                        {"fused_sgd", "mixed", "kahan"}};
   for (const auto& c : cases) {
     DYNAMIC_SECTION(c[0] << " " << c[1] << " " << c[2]) {
-      const auto results = successful_job({"zero_equal", c[0], c[1], c[2]}, 3);
+      const auto results = run_passing_ranks({"zero_equal", c[0], c[1], c[2]}, 3);
       INFO(describe(results));
       int64_t sharded_bytes = 0;
       for (const auto& r : results) {
@@ -123,7 +116,7 @@ TEST_CASE("An inf that one rank sees skips every rank's step, without found_inf_
   // comes, and every scaler backs off.
   for (const std::string optimizer : {"fused_adamw", "torch_sgd"}) {
     DYNAMIC_SECTION(optimizer) {
-      const auto results = successful_job({"zero_skip_unsynced", optimizer}, 2);
+      const auto results = run_passing_ranks({"zero_skip_unsynced", optimizer}, 2);
       for (int step = 0; step < 3; ++step) {
         same_on_every_rank(results, "step" + std::to_string(step) + ".scale");
         same_on_every_rank(results, "step" + std::to_string(step) + ".params");
@@ -139,7 +132,7 @@ TEST_CASE("An inf that one rank sees skips every rank's step, without found_inf_
 TEST_CASE("Consolidated and sharded checkpoints load unsharded and at 1, 2 and 3 ranks",
           "[distributed][zero]") {
   amp_test::TempDir dir("zero_roundtrip");
-  const auto saved = successful_job({"zero_roundtrip", dir.path().string()}, 2);
+  const auto saved = run_passing_ranks({"zero_roundtrip", dir.path().string()}, 2);
   for (const auto& r : saved) {
     CHECK(r.values.at("unsharded.equal") == "1");
     CHECK(r.values.at("reloaded.equal") == "1");
@@ -149,7 +142,7 @@ TEST_CASE("Consolidated and sharded checkpoints load unsharded and at 1, 2 and 3
   CHECK(after0 != after1);
   for (const int world : {1, 3}) {
     DYNAMIC_SECTION(world << " ranks continue the 2-rank run") {
-      const auto resumed = successful_job({"zero_resume", dir.path().string()}, world);
+      const auto resumed = run_passing_ranks({"zero_resume", dir.path().string()}, world);
       CHECK(same_on_every_rank(resumed, "after0") == after0);
       CHECK(same_on_every_rank(resumed, "after1") == after1);
     }
@@ -159,7 +152,7 @@ TEST_CASE("Consolidated and sharded checkpoints load unsharded and at 1, 2 and 3
 TEST_CASE("ZeroRedundancyOptimizer's misuse and damaged checkpoints end in sentences",
           "[distributed][zero]") {
   amp_test::TempDir dir("zero_errors");
-  const auto results = successful_job({"zero_errors", dir.path().string()}, 2);
+  const auto results = run_passing_ranks({"zero_errors", dir.path().string()}, 2);
   INFO(describe(results));
   for (const auto& r : results) {
     const auto& v = r.values;
@@ -189,7 +182,7 @@ TEST_CASE("ZeroRedundancyOptimizer's misuse and damaged checkpoints end in sente
 TEST_CASE("consolidate_state_dict reached by one rank only fails at the timeout with a sentence",
           "[distributed][zero]") {
   const auto results =
-      successful_job({"zero_partial_consolidate"}, 2, {{"AMP_TEST_TIMEOUT_MS", "3000"}});
+      run_passing_ranks({"zero_partial_consolidate"}, 2, {{"AMP_TEST_TIMEOUT_MS", "3000"}});
   INFO(describe(results));
   CHECK_THAT(results[0].values.at("error.partial"),
              Contains("consolidate_state_dict (every rank must call it, with the same to=0) "
@@ -198,7 +191,7 @@ TEST_CASE("consolidate_state_dict reached by one rank only fails at the timeout 
 
 TEST_CASE("Two ranks sharing a GPU over Gloo shard CUDA parameters with the unsharded bits",
           "[distributed][zero][cuda]") {
-  const auto results = successful_job({"zero_equal", "fused_adamw", "mixed", "sr", "cuda"}, 2);
+  const auto results = run_passing_ranks({"zero_equal", "fused_adamw", "mixed", "sr", "cuda"}, 2);
   INFO(describe(results));
   for (const auto& r : results) {
     for (int step = 0; step < 4; ++step) {

@@ -19,9 +19,8 @@ string(FIND "${_stdout}" "\r" _carriage_return)
 if(NOT _carriage_return EQUAL -1)
   message(FATAL_ERROR "the output is not a terminal but contains a carriage return (progress line)")
 endif()
-if(NOT _stdout MATCHES "${EXPECT_OUTPUT}")
-  message(FATAL_ERROR "the output does not match the regular expression: ${EXPECT_OUTPUT}")
-endif()
+require_match("${_stdout}" "${EXPECT_OUTPUT}"
+              "the output does not match the regular expression: ${EXPECT_OUTPUT}")
 
 if(NOT EXISTS "${CSV}")
   message(FATAL_ERROR "--metrics ${CSV} wrote no file")

@@ -15,6 +15,13 @@ function(run_program out_var)
   set(${out_var} "${_stdout}" PARENT_SCOPE)
 endfunction()
 
+# Fails with "<what>" unless <text> matches the regular expression <regex>.
+function(require_match text regex what)
+  if(NOT text MATCHES "${regex}")
+    message(FATAL_ERROR "${what}")
+  endif()
+endfunction()
+
 # Sets <out_var> to the epoch lines of <stdout> numbered above <after> (0: all of them), each
 # without its trailing ", T s" timing, and <out_var>_params to the parameter fingerprint.
 function(epoch_lines out_var stdout after)

@@ -55,6 +55,14 @@ void save_example(const fs::path& path, std::int64_t format, at::Generator& gene
   amp_examples::save_checkpoint(archive, path);
 }
 
+/// A checkpoint saved by save_example (format 1) in a fresh folder: what most cases start from.
+struct SavedCheckpoint {
+  TempDir dir{"checkpoint_tests"};
+  fs::path path = dir.path() / "run.pt";
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(1);
+  SavedCheckpoint() { save_example(path, 1, generator); }
+};
+
 }  // namespace
 
 TEST_CASE("An atomic write creates or replaces the file and leaves no partial file", "[examples]") {
@@ -89,12 +97,9 @@ TEST_CASE("A write that fails half way leaves the old file as it was and removes
   CHECK_FALSE(fs::exists(dir.path() / "state.pt.partial"));
 }
 
-TEST_CASE("A checkpoint that LibTorch cannot write leaves the previous checkpoint intact",
-          "[examples]") {
-  TempDir dir("checkpoint_tests");
-  const fs::path path = dir.path() / "run.pt";
-  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(1);
-  save_example(path, 1, generator);
+TEST_CASE_METHOD(SavedCheckpoint,
+                 "A checkpoint that LibTorch cannot write leaves the previous checkpoint intact",
+                 "[examples]") {
   const std::string previous = read_text(path);
   // A folder (not empty, so it stays) where the partial file would go makes the save fail.
   fs::create_directories(dir.path() / "run.pt.partial" / "occupied");
@@ -127,12 +132,9 @@ TEST_CASE("A saved checkpoint reads back: entries, sections and the generator's 
   CHECK(torch::equal(torch::randperm(100, restored), expected));
 }
 
-TEST_CASE("A checkpoint of another format or other settings is refused, naming what differs",
-          "[examples]") {
-  TempDir dir("checkpoint_tests");
-  const fs::path path = dir.path() / "run.pt";
-  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(1);
-  save_example(path, 1, generator);
+TEST_CASE_METHOD(SavedCheckpoint,
+                 "A checkpoint of another format or other settings is refused, naming what differs",
+                 "[examples]") {
   CheckpointReader reader(path, torch::kCPU, "prog");
   CHECK_THROWS_MATCHES(reader.check(2, kSettings), SetupError,
                        Message("the checkpoint '" + path.string() +
@@ -158,12 +160,11 @@ TEST_CASE("A checkpoint of another format or other settings is refused, naming w
                                "' has no entry 'seed'; it was not written by prog --checkpoint"));
 }
 
-TEST_CASE("A setting added later is compared through the value older checkpoints were written with",
-          "[examples]") {
-  TempDir dir("checkpoint_tests");
-  const fs::path path = dir.path() / "run.pt";
-  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(1);
-  save_example(path, 1, generator);  // has no "--optimizer" entry
+TEST_CASE_METHOD(SavedCheckpoint,
+                 "A setting added later is compared through the value older checkpoints were "
+                 "written with",
+                 "[examples]") {
+  // save_example wrote no "--optimizer" entry.
   CheckpointReader reader(path, torch::kCPU, "prog");
 
   std::vector<CheckpointSetting> settings = kSettings;
@@ -208,12 +209,9 @@ TEST_CASE("A file that is not a checkpoint is refused when it is opened", "[exam
           Catch::Matchers::Contains("its bytes are damaged"));
 }
 
-TEST_CASE("A section that cannot be loaded is a SetupError naming the entry and the file",
-          "[examples]") {
-  TempDir dir("checkpoint_tests");
-  const fs::path path = dir.path() / "run.pt";
-  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(7);
-  save_example(path, 1, generator);
+TEST_CASE_METHOD(SavedCheckpoint,
+                 "A section that cannot be loaded is a SetupError naming the entry and the file",
+                 "[examples]") {
   CheckpointReader reader(path, torch::kCPU, "prog");
   const std::string expected = "cannot read 'model' from the checkpoint '" + path.string() +
                                "' (damaged, or not written by prog --checkpoint): ";

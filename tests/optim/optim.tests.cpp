@@ -39,6 +39,21 @@ void set_grads(std::vector<torch::Tensor>& params, int k) {
   }
 }
 
+// Steps `opt` three times beside a one-group FusedAdamW with `options` over a copy of
+// params[index], with the same gradients, and requires that parameter's bits to match.
+void require_steps_as_alone(torch::optim::Optimizer& opt, std::vector<torch::Tensor>& params,
+                            size_t index, const FusedAdamWOptions& options) {
+  auto alone = clones({params[index]});
+  FusedAdamW single(alone, options);
+  for (int k = 0; k < 3; ++k) {
+    set_grads(params, k);
+    alone[0].mutable_grad() = params[index].grad().clone();
+    opt.step();
+    single.step();
+  }
+  CHECK(same_bits(params[index].detach(), alone[0].detach()));
+}
+
 void train(torch::optim::Optimizer& opt, std::vector<torch::Tensor>& params, int first, int last) {
   for (int k = first; k < last; ++k) {
     set_grads(params, k);
@@ -244,15 +259,8 @@ TEST_CASE("Param groups: each group's options, defaults for fields it leaves uns
 
   // A group with another lr moves by that lr: the same as a one-group optimizer with it.
   static_cast<FusedAdamWOptions&>(opt.param_groups()[1].options()).lr(0.2);
-  auto alone = clones({params[2]});
-  FusedAdamW single(alone, FusedAdamWOptions(0.2).betas({0.8, 0.99}).weight_decay(0.5));
-  for (int k = 0; k < 3; ++k) {
-    set_grads(params, k);
-    alone[0].mutable_grad() = params[2].grad().clone();
-    opt.step();
-    single.step();
-  }
-  CHECK(same_bits(params[2].detach(), alone[0].detach()));
+  require_steps_as_alone(opt, params, 2,
+                         FusedAdamWOptions(0.2).betas({0.8, 0.99}).weight_decay(0.5));
   opt.zero_grad();
   CHECK_FALSE(params[0].grad().defined());
 }
@@ -499,15 +507,8 @@ TEST_CASE("add_param_group keeps the group's own options and checks its paramete
   CHECK(plain.lr() == 0.02);
 
   // It steps as a one-group optimizer with those options would.
-  auto alone = clones({params[1]});
-  FusedAdamW single(alone, FusedAdamWOptions(0.002).betas({0.8, 0.99}).weight_decay(0.5));
-  for (int k = 0; k < 3; ++k) {
-    set_grads(params, k);
-    alone[0].mutable_grad() = params[1].grad().clone();
-    opt.step();
-    single.step();
-  }
-  CHECK(same_bits(params[1].detach(), alone[0].detach()));
+  require_steps_as_alone(opt, params, 1,
+                         FusedAdamWOptions(0.002).betas({0.8, 0.99}).weight_decay(0.5));
 
   // The low-precision options of an added group are kept too.
   auto bf16 = make_params(22, torch::kBFloat16);

@@ -197,93 +197,82 @@ TEST_CASE("A bad state dict throws and leaves the scaler exactly as it was", "[s
     REQUIRE(dict.erase("_growth_tracker") == 1);
     expected = "the state dict has no key '_growth_tracker'";
   }
-  SECTION("wrong type") {
-    dict.insert_or_assign("growth_interval", 2.5);
-    expected = "'growth_interval' must be an int, got a value of type Double";
-  }
-  SECTION("string scale") {
-    dict.insert_or_assign("scale", std::string("big"));
-    expected = "'scale' must be a float, got a value of type String";
-  }
-  SECTION("non-finite scale") {
-    dict.insert_or_assign("scale", std::numeric_limits<double>::infinity());
-    expected = "'scale' must be finite and > 0, within float32's normal range";
-  }
-  SECTION("non-positive scale") {
-    dict.insert_or_assign("scale", 0.0);
-    expected =
-        "'scale' must be finite and > 0, within float32's normal range [1.17549e-38, "
-        "3.40282e+38] since the scale is kept in a float32 tensor. Got scale=0";
-  }
-  SECTION("a scale that overflows float32 (one flipped exponent bit of 65536)") {
-    dict.insert_or_assign("scale", 1e39);
-    expected = "Got scale=1e+39; the checkpoint is damaged";
-  }
-  SECTION("a scale that flushes to zero in float32") {
-    dict.insert_or_assign("scale", 1e-50);
-    expected = "Got scale=1e-50; the checkpoint is damaged";
-  }
-  SECTION("a subnormal float32 scale, whose reciprocal overflows") {
-    dict.insert_or_assign("scale", 1e-40);
-    expected = "Got scale=1e-40; the checkpoint is damaged";
-  }
-  SECTION("growth_interval below 1") {
-    dict.insert_or_assign("growth_interval", int64_t{0});
-    expected = "The growth interval must be >= 1. Got growth_interval=0";
-  }
-  SECTION("bad growth factor") {
-    dict.insert_or_assign("growth_factor", 0.5);
-    expected = "The growth factor must be > 1.0. Got growth_factor=0.5";
-  }
-  SECTION("negative growth tracker") {
-    dict.insert_or_assign("_growth_tracker", int64_t{-1});
-    expected = "'_growth_tracker' must be in [0, 2^31-1] (it is kept in an int32 tensor), got -1";
-  }
-  SECTION("growth tracker beyond int32") {
-    dict.insert_or_assign("_growth_tracker", int64_t{1} << 62);
-    expected = "'_growth_tracker' must be in [0, 2^31-1]";
-  }
-  SECTION("newer format version") {
-    dict.insert("_amp_format_version", int64_t{99});
-    expected = "the state dict has format version 99 but this amp reads versions up to 1";
-  }
-  SECTION("bad extension value") {
-    dict.insert("_amp_hysteresis", int64_t{0});
-    expected = "The hysteresis must be >= 1 and <= 2^31-1. Got hysteresis=0";
-  }
-  SECTION("hysteresis beyond int32") {
-    dict.insert("_amp_hysteresis", int64_t{1} << 31);
-    expected = "Got hysteresis=2147483648";
-  }
-  SECTION("hysteresis_remaining above the hysteresis") {
-    dict.insert("_amp_hysteresis", int64_t{3});
-    dict.insert("_amp_hysteresis_remaining", int64_t{4});
-    expected = "'_amp_hysteresis_remaining' must be in [0, 3], got 4";
-  }
-  SECTION("negative hysteresis_remaining") {
-    dict.insert("_amp_hysteresis_remaining", int64_t{-2});
-    expected = "'_amp_hysteresis_remaining' must be in [0, 2], got -2";
-  }
-  SECTION("a scale outside the loaded bounds") {
-    dict.insert("_amp_min_scale", 1.0);
-    dict.insert("_amp_max_scale", 64.0);
-    expected =
-        "'scale' must lie in [min_scale, max_scale]. Got scale=128 with min_scale=1 and "
-        "max_scale=64; the checkpoint was saved with other bounds or is damaged.";
-  }
-  SECTION("negative counters") {
-    dict.insert("_amp_steps_taken", int64_t{-5});
-    dict.insert("_amp_steps_skipped", int64_t{0});
-    dict.insert("_amp_consecutive_skips", int64_t{0});
-    expected =
-        "the counters must be >= 0 with consecutive skips <= skipped steps, got "
-        "steps_taken=-5";
-  }
-  SECTION("more consecutive skips than skipped steps") {
-    dict.insert("_amp_steps_taken", int64_t{5});
-    dict.insert("_amp_steps_skipped", int64_t{2});
-    dict.insert("_amp_consecutive_skips", int64_t{3});
-    expected = "steps_skipped=2, consecutive_skips=3";
+  // Each: entries that replace or join the dict's, and the message the load must throw.
+  struct BadEntries {
+    std::string what;
+    std::vector<std::pair<std::string, c10::IValue>> entries;
+    std::string expected;
+  };
+  const std::vector<BadEntries> cases = {
+      {"wrong type",
+       {{"growth_interval", 2.5}},
+       "'growth_interval' must be an int, got a value of type Double"},
+      {"string scale",
+       {{"scale", std::string("big")}},
+       "'scale' must be a float, got a value of type String"},
+      {"non-finite scale",
+       {{"scale", std::numeric_limits<double>::infinity()}},
+       "'scale' must be finite and > 0, within float32's normal range"},
+      {"non-positive scale",
+       {{"scale", 0.0}},
+       "'scale' must be finite and > 0, within float32's normal range [1.17549e-38, 3.40282e+38] "
+       "since the scale is kept in a float32 tensor. Got scale=0"},
+      {"a scale that overflows float32 (one flipped exponent bit of 65536)",
+       {{"scale", 1e39}},
+       "Got scale=1e+39; the checkpoint is damaged"},
+      {"a scale that flushes to zero in float32",
+       {{"scale", 1e-50}},
+       "Got scale=1e-50; the checkpoint is damaged"},
+      {"a subnormal float32 scale, whose reciprocal overflows",
+       {{"scale", 1e-40}},
+       "Got scale=1e-40; the checkpoint is damaged"},
+      {"growth_interval below 1",
+       {{"growth_interval", int64_t{0}}},
+       "The growth interval must be >= 1. Got growth_interval=0"},
+      {"bad growth factor",
+       {{"growth_factor", 0.5}},
+       "The growth factor must be > 1.0. Got growth_factor=0.5"},
+      {"negative growth tracker",
+       {{"_growth_tracker", int64_t{-1}}},
+       "'_growth_tracker' must be in [0, 2^31-1] (it is kept in an int32 tensor), got -1"},
+      {"growth tracker beyond int32",
+       {{"_growth_tracker", int64_t{1} << 62}},
+       "'_growth_tracker' must be in [0, 2^31-1]"},
+      {"newer format version",
+       {{"_amp_format_version", int64_t{99}}},
+       "the state dict has format version 99 but this amp reads versions up to 1"},
+      {"bad extension value",
+       {{"_amp_hysteresis", int64_t{0}}},
+       "The hysteresis must be >= 1 and <= 2^31-1. Got hysteresis=0"},
+      {"hysteresis beyond int32",
+       {{"_amp_hysteresis", int64_t{1} << 31}},
+       "Got hysteresis=2147483648"},
+      {"hysteresis_remaining above the hysteresis",
+       {{"_amp_hysteresis", int64_t{3}}, {"_amp_hysteresis_remaining", int64_t{4}}},
+       "'_amp_hysteresis_remaining' must be in [0, 3], got 4"},
+      {"negative hysteresis_remaining",
+       {{"_amp_hysteresis_remaining", int64_t{-2}}},
+       "'_amp_hysteresis_remaining' must be in [0, 2], got -2"},
+      {"a scale outside the loaded bounds",
+       {{"_amp_min_scale", 1.0}, {"_amp_max_scale", 64.0}},
+       "'scale' must lie in [min_scale, max_scale]. Got scale=128 with min_scale=1 and "
+       "max_scale=64; the checkpoint was saved with other bounds or is damaged."},
+      {"negative counters",
+       {{"_amp_steps_taken", int64_t{-5}},
+        {"_amp_steps_skipped", int64_t{0}},
+        {"_amp_consecutive_skips", int64_t{0}}},
+       "the counters must be >= 0 with consecutive skips <= skipped steps, got steps_taken=-5"},
+      {"more consecutive skips than skipped steps",
+       {{"_amp_steps_taken", int64_t{5}},
+        {"_amp_steps_skipped", int64_t{2}},
+        {"_amp_consecutive_skips", int64_t{3}}},
+       "steps_skipped=2, consecutive_skips=3"},
+  };
+  for (const BadEntries& bad : cases) {
+    DYNAMIC_SECTION(bad.what) {
+      for (const auto& [key, value] : bad.entries) dict.insert_or_assign(key, value);
+      expected = bad.expected;
+    }
   }
   for (GradScaler* scaler : {&trained, &fresh}) {
     const std::string before = observable_state(*scaler);
