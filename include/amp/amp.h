@@ -14,4 +14,5 @@
 #include <amp/low_precision.h>
 #include <amp/optim.h>
 #include <amp/scaler_hooks.h>
+#include <amp/state_dict.h>
 #include <amp/version.h>

@@ -7,18 +7,14 @@
 #include <optional>
 
 #include "serialize/archive_check.h"
-#include "serialize/mapped_file.h"
+#include "serialize/open_checked.h"
 
 namespace amp {
 
 void check_archive(const std::string& path) {
-  std::optional<detail::MappedFile> file;
-  try {
-    file.emplace(path, detail::kNoFileSizeLimit, "an archive");
-  } catch (const detail::ReaderError& error) {
-    TORCH_CHECK(false, "amp::check_archive: ", error.what(),
-                "; name an archive written by torch::save or OutputArchive::save_to.");
-  }
+  const auto file = detail::open_checked(path, "an archive", "amp::check_archive",
+                                         "name an archive written by torch::save or "
+                                         "OutputArchive::save_to.");
   try {
     detail::check_archive(file->bytes());
   } catch (const detail::ReaderError& error) {
@@ -42,6 +38,15 @@ torch::serialize::InputArchive load_archive(const std::string& path,
 }
 
 namespace detail {
+
+std::unique_ptr<MappedFile> open_checked(const std::string& path, std::string_view kind,
+                                         std::string_view who, std::string_view fix) {
+  try {
+    return std::make_unique<MappedFile>(path, kNoFileSizeLimit, kind);
+  } catch (const ReaderError& error) {
+    TORCH_CHECK(false, who, ": ", error.what(), "; ", fix);
+  }
+}
 
 void rethrow_naming_file(const std::string& path, const std::exception& error) {
   // c10::Error's what() carries a C++ backtrace; the message alone is what the user needs.

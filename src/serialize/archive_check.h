@@ -54,13 +54,16 @@ void check_archive(std::string_view file);
 /// most), BINFLOAT, BINUNICODE and SHORT_BINUNICODE (UTF-8), EMPTY_TUPLE, TUPLE, TUPLE1-3,
 /// EMPTY_LIST, APPEND(S), EMPTY_DICT, SETITEM(S), GLOBAL, NEWOBJ, BUILD, REDUCE and BINPERSID.
 /// GLOBAL only names `__torch__` classes, `torch.<X>Storage` of the dtypes LibTorch saves,
-/// `torch._utils._rebuild_tensor_v2`, `collections.OrderedDict` and the list builders and
-/// `restore_type_tag` of `torch.jit._pickle`; REDUCE calls only those functions, with arguments
-/// of the right kinds. A tensor record (BINPERSID) must name a storage type, a data entry that
-/// `record_size` knows and that holds its elements, and a device like "cpu" or "cuda:1"; a
-/// rebuilt tensor's sizes and strides must stay inside its storage. Values nest at most
-/// kMaxArchiveNesting deep, and a container may not change once it is inside another (that
-/// would let nesting grow unseen). Type strings must pass check_archive_type.
+/// `torch.storage.UntypedStorage` and the `torch.<dtype>`s (float8, uint16-64) that Python's
+/// torch.save writes with it, `torch._utils._rebuild_tensor_v2` and `_v3`,
+/// `collections.OrderedDict` and the list builders and `restore_type_tag` of `torch.jit._pickle`;
+/// REDUCE calls only those functions, with arguments of the right kinds; BUILD gives state to an
+/// object or a dict of attributes to an OrderedDict (a module state_dict's `_metadata`). A tensor
+/// record (BINPERSID) must name a storage type, a data entry that `record_size` knows and that
+/// holds its elements, and a device like "cpu" or "cuda:1"; a rebuilt tensor's sizes and strides
+/// must stay inside its storage. Values nest at most kMaxArchiveNesting deep, and a container may
+/// not change once it is inside another (that would let nesting grow unseen). Type strings must
+/// pass check_archive_type.
 void check_archive_pickle(std::string_view pickle, std::string_view entry_name,
                           const ArchiveRecordSize& record_size);
 

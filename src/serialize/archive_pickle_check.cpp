@@ -40,15 +40,24 @@ constexpr StorageType kStorageTypes[] = {
     {"BoolStorage", 1},     {"ComplexFloatStorage", 8}, {"ComplexDoubleStorage", 16},
 };
 
+// The dtypes torch.save names itself (torch.<dtype>, an argument of _rebuild_tensor_v3) because
+// they have no <X>Storage type, and their element sizes.
+constexpr StorageType kSavedDtypes[] = {
+    {"float8_e4m3fn", 1},  {"float8_e5m2", 1}, {"float8_e4m3fnuz", 1}, {"float8_e5m2fnuz", 1},
+    {"float8_e8m0fnu", 1}, {"uint16", 2},      {"uint32", 4},          {"uint64", 8},
+};
+
 // What a GLOBAL names; the scanner accepts nothing else.
 enum class Callable {
   kNone,
-  kClass,           // a __torch__ class (NEWOBJ)
-  kStorage,         // torch.<X>Storage (inside a tensor record)
-  kRebuildTensor,   // torch._utils._rebuild_tensor_v2
-  kOrderedDict,     // collections.OrderedDict
-  kBuildList,       // torch.jit._pickle.build_{int,double,bool,tensor}list
-  kRestoreTypeTag,  // torch.jit._pickle.restore_type_tag
+  kClass,            // a __torch__ class (NEWOBJ)
+  kStorage,          // torch.<X>Storage or torch.storage.UntypedStorage (in a tensor record)
+  kDtype,            // torch.<dtype> (_rebuild_tensor_v3's last argument)
+  kRebuildTensor,    // torch._utils._rebuild_tensor_v2
+  kRebuildTensorV3,  // torch._utils._rebuild_tensor_v3 (Python's torch.save, float8 dtypes)
+  kOrderedDict,      // collections.OrderedDict
+  kBuildList,        // torch.jit._pickle.build_{int,double,bool,tensor}list
+  kRestoreTypeTag,   // torch.jit._pickle.restore_type_tag
 };
 
 struct Node;
@@ -76,15 +85,17 @@ struct Value {
   Callable callable = Callable::kNone;
   std::uint64_t element_size = 0;  // kGlobal of a storage type; kStorage
   std::uint64_t numel = 0;         // kStorage
+  bool untyped = false;            // kGlobal of UntypedStorage; kStorage made with it
   std::shared_ptr<Node> node;      // containers: shared by every copy (memo, stack)
 };
 
 // A container's bookkeeping, shared by all references to it.
 struct Node {
-  std::size_t depth = 1;     // 1 + the deepest value inside
-  bool contained = false;    // placed inside another container: must not change any more
-  std::vector<Value> items;  // a tuple's items, when it has at most kMaxKeptItems
-  std::size_t size = 0;      // a tuple's item count
+  std::size_t depth = 1;      // 1 + the deepest value inside
+  bool contained = false;     // placed inside another container: must not change any more
+  std::vector<Value> items;   // a tuple's items, when it has at most kMaxKeptItems
+  std::size_t size = 0;       // a tuple's item count
+  bool ordered_dict = false;  // a dict made by OrderedDict(), which BUILD may give attributes
 };
 
 // Tuples up to this size keep their items (tensor records, sizes and strides, call arguments).
@@ -152,13 +163,7 @@ class ArchivePickleScanner : PickleCursor {
   std::size_t stack_floor() const { return marks_.empty() ? 0 : marks_.back(); }
   // The values since the last MARK, which is removed.
   std::vector<Value> pop_mark(std::size_t at, unsigned char op) {
-    if (marks_.empty()) fail_at(at, describe_pickle_opcode(op), " has no MARK to end");
-    const std::size_t start = marks_.back();
-    marks_.pop_back();
-    std::vector<Value> items(std::make_move_iterator(stack_.begin() + static_cast<long>(start)),
-                             std::make_move_iterator(stack_.end()));
-    stack_.resize(start);
-    return items;
+    return PickleCursor::pop_mark(stack_, marks_, at, op);
   }
   Value& top(std::size_t at, unsigned char op) {
     if (stack_.size() <= stack_floor()) {
@@ -240,8 +245,20 @@ class ArchivePickleScanner : PickleCursor {
           value.element_size = type.element_size;
         }
       }
+      for (const StorageType& type : kSavedDtypes) {
+        if (name == type.name) {
+          value.callable = Callable::kDtype;
+          value.element_size = type.element_size;
+        }
+      }
+    } else if (module == "torch.storage" && name == "UntypedStorage") {
+      value.callable = Callable::kStorage;  // its element count is in bytes
+      value.element_size = 1;
+      value.untyped = true;
     } else if (module == "torch._utils" && name == "_rebuild_tensor_v2") {
       value.callable = Callable::kRebuildTensor;
+    } else if (module == "torch._utils" && name == "_rebuild_tensor_v3") {
+      value.callable = Callable::kRebuildTensorV3;
     } else if (module == "collections" && name == "OrderedDict") {
       value.callable = Callable::kOrderedDict;
     } else if (module == "torch.jit._pickle") {
@@ -254,8 +271,9 @@ class ArchivePickleScanner : PickleCursor {
     }
     if (value.callable == Callable::kNone) {
       fail_at(at, "GLOBAL imports ", quoted(module), ".", quoted(name),
-              ", which a LibTorch archive does not use (only __torch__ classes, tensor storages, "
-              "_rebuild_tensor_v2, OrderedDict and torch.jit._pickle's builders)");
+              ", which neither a LibTorch archive nor torch.save uses (only __torch__ classes, "
+              "tensor storages and dtypes, _rebuild_tensor_v2/v3, OrderedDict and "
+              "torch.jit._pickle's builders)");
     }
     push(at, std::move(value));
   }
@@ -311,6 +329,7 @@ class ArchivePickleScanner : PickleCursor {
     storage.kind = Value::Kind::kStorage;
     storage.numel = numel;
     storage.element_size = items[1].element_size;
+    storage.untyped = items[1].untyped;
     push(at, std::move(storage));
   }
   std::string_view tensor_dir() const {
@@ -336,13 +355,31 @@ class ArchivePickleScanner : PickleCursor {
     return result;
   }
 
-  // REDUCE of _rebuild_tensor_v2(storage, offset, sizes, strides, requires_grad, hooks[, meta]).
-  Value rebuild_tensor(std::size_t at, const Value& args) {
-    if (args.kind != Value::Kind::kTuple || args.node->size < 6 || args.node->size > 7) {
-      fail_at(at, "_rebuild_tensor_v2 is called with ", kind_name(args.kind),
-              " rather than a tuple of 6 or 7 arguments");
+  // REDUCE of _rebuild_tensor_v2(storage, offset, sizes, strides, requires_grad, hooks[, meta])
+  // or _rebuild_tensor_v3(..., hooks, dtype[, meta]), whose storage counts bytes.
+  Value rebuild_tensor(std::size_t at, const Value& args, bool v3) {
+    const std::size_t least = v3 ? 7 : 6;
+    if (args.kind != Value::Kind::kTuple || args.node->size < least ||
+        args.node->size > least + 1) {
+      fail_at(at, v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2", " is called with ",
+              kind_name(args.kind), " rather than a tuple of ", least, " or ", least + 1,
+              " arguments");
     }
     const std::vector<Value>& items = args.node->items;
+    // The storage's element count, in elements of the tensor's dtype.
+    std::uint64_t storage_numel = items[0].numel;
+    if (v3) {
+      if (items[6].kind != Value::Kind::kGlobal || items[6].callable != Callable::kDtype) {
+        fail_at(at, "_rebuild_tensor_v3's dtype is ", kind_name(items[6].kind),
+                " rather than a dtype torch.save names (torch.float8_e4m3fn, ...)");
+      }
+    }
+    if (items[0].kind == Value::Kind::kStorage && items[0].untyped != v3) {
+      fail_at(at, v3 ? "_rebuild_tensor_v3's storage is typed; torch.save gives it an "
+                       "UntypedStorage"
+                     : "_rebuild_tensor_v2's storage is untyped; torch.save gives it a typed one");
+    }
+    if (v3) storage_numel = items[0].numel / items[6].element_size;
     if (items[0].kind != Value::Kind::kStorage) {
       fail_at(at, "_rebuild_tensor_v2's first argument is ", kind_name(items[0].kind),
               " rather than a tensor record");
@@ -367,13 +404,13 @@ class ArchivePickleScanner : PickleCursor {
       if (sizes[d] == 0) empty = true;
       if (sizes[d] > 0) last += static_cast<unsigned __int128>(sizes[d] - 1) * strides[d];
     }
-    if (!empty && last >= items[0].numel) {
-      fail_at(at, "_rebuild_tensor_v2 reads past its storage of ", items[0].numel,
+    if (!empty && last >= storage_numel) {
+      fail_at(at, "_rebuild_tensor_v2 reads past its storage of ", storage_numel,
               " elements (storage offset ", items[1].integer, ", ", sizes.size(), " dimensions)");
     }
-    if (empty && offset > items[0].numel) {
+    if (empty && offset > storage_numel) {
       fail_at(at, "_rebuild_tensor_v2's storage offset ", items[1].integer,
-              " is past its storage of ", items[0].numel, " elements");
+              " is past its storage of ", storage_numel, " elements");
     }
     Value tensor;
     tensor.kind = Value::Kind::kTensor;
@@ -392,12 +429,16 @@ class ArchivePickleScanner : PickleCursor {
     const std::vector<Value>& items = args.node->items;
     switch (callable.callable) {
       case Callable::kRebuildTensor:
-        push(at, rebuild_tensor(at, args));
+      case Callable::kRebuildTensorV3:
+        push(at, rebuild_tensor(at, args, callable.callable == Callable::kRebuildTensorV3));
         return;
-      case Callable::kOrderedDict:
+      case Callable::kOrderedDict: {
         if (args.node->size != 0) fail_at(at, "OrderedDict is called with arguments");
-        push(at, container(Value::Kind::kDict));
+        Value dict = container(Value::Kind::kDict);
+        dict.node->ordered_dict = true;
+        push(at, std::move(dict));
         return;
+      }
       case Callable::kBuildList: {
         if (args.node->size != 1 || items.size() != 1 || items[0].kind != Value::Kind::kList) {
           fail_at(at,
@@ -419,8 +460,8 @@ class ArchivePickleScanner : PickleCursor {
       }
       default:
         fail_at(at, "REDUCE calls ",
-                callable.callable == Callable::kClass ? "a class" : "a storage",
-                " type; LibTorch's archives only call tensor and list builders");
+                callable.callable == Callable::kClass ? "a class" : "a storage or dtype",
+                "; archives only call tensor and list builders and OrderedDict");
     }
   }
 
@@ -520,9 +561,21 @@ class ArchivePickleScanner : PickleCursor {
         push(at, container(Value::Kind::kObject));
         return;
       }
-      case kBuild:  // the object's state
-        add_to_top(at, op, Value::Kind::kObject, {pop(at, op)});
+      case kBuild: {  // an object's state, or the attributes of Python's OrderedDict
+        Value state = pop(at, op);
+        const Value& target = top(at, op);
+        if (target.kind == Value::Kind::kDict && target.node->ordered_dict) {
+          // A module's state_dict() carries `_metadata` (module versions) this way.
+          if (state.kind != Value::Kind::kDict) {
+            fail_at(at, "BUILD gives an OrderedDict ", kind_name(state.kind),
+                    " rather than a dict of attributes");
+          }
+          add_to_top(at, op, Value::Kind::kDict, {state});
+          return;
+        }
+        add_to_top(at, op, Value::Kind::kObject, {state});
         return;
+      }
       case kBinPut:
       case kLongBinPut:
         memo_put(at, op, decoded.number);

@@ -7,8 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <iterator>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "serialize/reader_error.h"
 
@@ -79,6 +81,20 @@ class PickleCursor {
   template <typename... Args>
   [[noreturn]] void fail_at(std::size_t offset, const Args&... args) const {
     detail::fail_at(where_, offset, args...);
+  }
+
+  /// The values pushed on `stack` since the last MARK (`marks`: the stack's size at each open
+  /// MARK), which is closed; `op` at `offset` is the opcode that ends it, for the message.
+  template <typename Value>
+  std::vector<Value> pop_mark(std::vector<Value>& stack, std::vector<std::size_t>& marks,
+                              std::size_t offset, unsigned char op) const {
+    if (marks.empty()) fail_at(offset, describe_pickle_opcode(op), " has no MARK to end");
+    const std::size_t start = marks.back();
+    marks.pop_back();
+    std::vector<Value> items(std::make_move_iterator(stack.begin() + static_cast<long>(start)),
+                             std::make_move_iterator(stack.end()));
+    stack.resize(start);
+    return items;
   }
 
   /// Bytes left after the current position.

@@ -1,11 +1,13 @@
-// libFuzzer target for the archive checker: any input must pass or be refused with
-// ReaderError; a crash, a sanitizer report, a hang or any other exception is a finding.
+// libFuzzer target for the archive checker and the torch.save pickle evaluator behind it: any
+// input must pass or be refused with ReaderError; a crash, a sanitizer report, a hang or any other
+// exception is a finding.
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string_view>
 
 #include "serialize/archive_check.h"
+#include "serialize/pickle_values.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
@@ -21,6 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   };
   try {
     amp::detail::check_archive_pickle(bytes, "data.pkl", record_size);
+    // What the checker accepts, the torch.save evaluator (amp::load_pickled's) reads or refuses.
+    amp::detail::evaluate_torch_pickle(bytes, "data.pkl");
   } catch (const amp::detail::ReaderError&) {
   }
   try {

@@ -1,5 +1,6 @@
 // The load campaign: mutated scaler files of four kinds, each loaded into four scalers in a child
-// process, which must refuse cleanly (scaler unchanged) or accept a state a scaler can train in.
+// process, which must refuse cleanly (scaler unchanged) or accept a state a scaler can train in;
+// and mutated model state dicts (Python's and amp's), each loaded into four models the same way.
 //
 //   amp_load_campaign --python PY --files N [--seed S] [--raw] [--keep DIR]
 //   amp_load_campaign --write-seeds DIR      (the archive fuzz target's seed corpus)
@@ -7,8 +8,10 @@
 //
 // Kinds: a C++ save_state_dict file; Python's torch.save(scaler.state_dict()) with a float and
 // with an int scale; a torch::save(scaler) archive; a checkpoint archive (model, optimizer,
-// scaler). State files load with GradScaler::load_state_dict(path), archives with amp::load
-// (--raw: LibTorch's torch::load, for comparison). Mutations: bit flips, byte runs, truncation,
+// scaler); Python's torch.save(model.state_dict()) and amp::save_state_dict's file of the same
+// model. State files load with GradScaler::load_state_dict(path), archives with amp::load
+// (--raw: LibTorch's torch::load, for comparison), model state dicts with amp::load_state_dict
+// (also with --raw: LibTorch cannot read them). Mutations: bit flips, byte runs, truncation,
 // 32-bit fields set to 0 / 0xFFFFFFFF / 2^28, and edits inside a pickle with its CRC-32 fixed
 // (special floats and ints, deep nesting, a memo index of 2^28, a 4 GB string length, an
 // unterminated GLOBAL, an unknown storage type, a deeply nested type). Each child runs under a
@@ -39,6 +42,7 @@
 
 #include <amp/archive.h>
 #include <amp/grad_scaler.h>
+#include <amp/state_dict.h>
 
 #include "serialize/reader_error.h"
 #include "serialize/zip_directory.h"
@@ -130,10 +134,62 @@ std::vector<amp::GradScaler> make_scalers() {
   return scalers;
 }
 
+// The model the model-state files hold (Python writes the same one): Linear, LayerNorm, Linear,
+// its values seeded by `seed`.
+torch::nn::Sequential make_model(int seed) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(4, 8),
+                               torch::nn::LayerNorm(torch::nn::LayerNormOptions({8})),
+                               torch::nn::Linear(8, 3));
+}
+
+// Every entry's name, dtype, shape and bytes.
+std::string model_snapshot(const torch::nn::Module& model) {
+  std::string out;
+  for (const auto& [name, tensor] : amp::state_dict(model)) {
+    const at::Tensor t = tensor.contiguous();
+    out += name + c10::toString(t.scalar_type()) + std::to_string(t.dim()) + ":";
+    out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  }
+  return out;
+}
+
+// The child for a model-state file: loads it into four models of other seeds. Returns how many
+// accepted it, or an Exit code.
+int load_into_models(const fs::path& path, bool verbose) {
+  int accepted = 0;
+  for (int seed = 0; seed < 4; ++seed) {
+    auto model = make_model(seed);
+    const std::string before = model_snapshot(*model);
+    try {
+      amp::load_state_dict(*model, path.string());
+    } catch (const c10::Error& error) {
+      if (verbose) std::printf("refused: %s\n", error.msg().c_str());
+      if (model_snapshot(*model) != before) return kChanged;
+      continue;
+    } catch (const std::exception& error) {
+      if (verbose) std::printf("refused (%s)\n", error.what());
+      return kOtherException;
+    }
+    // Accepted: the model runs and saves (values may be any floats: the pickle's edits keep the
+    // tensors' bytes, whose CRC-32 is checked).
+    try {
+      (void)model->forward(torch::ones({2, 4}));
+      amp::save_state_dict(*model, path.string() + ".resaved");
+    } catch (const std::exception& error) {
+      if (verbose) std::printf("accepted, then failed: %s\n", error.what());
+      return kInvalidAccepted;
+    }
+    ++accepted;
+  }
+  return accepted;
+}
+
 // The child: loads `path` (of `kind`) into the scalers. Returns how many accepted it, or an
 // Exit code.
 int load_into_scalers(const fs::path& path, const std::string& kind, bool raw,
                       std::vector<amp::GradScaler>& scalers, bool verbose = false) {
+  if (kind == "py-model" || kind == "cpp-model") return load_into_models(path, verbose);
   int accepted = 0;
   bool other_exception = false;
   for (amp::GradScaler& scaler : scalers) {
@@ -192,6 +248,14 @@ struct Base {
   std::string bytes;
 };
 
+// Writes `script` to `file` and runs it with `python` and `args`.
+void run_python(const std::string& python, const fs::path& file, const std::string& script,
+                const std::string& args) {
+  write_bytes(file, script);
+  const std::string command = "\"" + python + "\" " + file.string() + " " + args;
+  if (std::system(command.c_str()) != 0) throw std::runtime_error("cannot run " + command);
+}
+
 std::vector<Base> make_bases(const fs::path& dir, const std::string& python) {
   amp::GradScaler scaler(c10::DeviceType::CPU, extended());
   train(scaler, 5);
@@ -206,15 +270,23 @@ std::vector<Base> make_bases(const fs::path& dir, const std::string& python) {
       "torch.save(d, sys.argv[1])\n"
       "d['scale'] = int(d['scale'])\n"
       "torch.save(d, sys.argv[2])\n";
-  write_bytes(dir / "make.py", script);
-  const std::string command = "\"" + python + "\" " + (dir / "make.py").string() + " " +
-                              (dir / "py-float.pt").string() + " " + (dir / "py-int.pt").string();
-  if (std::system(command.c_str()) != 0) throw std::runtime_error("cannot run " + command);
+  run_python(python, dir / "make.py", script,
+             (dir / "py-float.pt").string() + " " + (dir / "py-int.pt").string());
   bases.push_back({"py-float", read_bytes(dir / "py-float.pt")});
   bases.push_back({"py-int", read_bytes(dir / "py-int.pt")});
   torch::save(scaler, (dir / "archive.pt").string());
   bases.push_back({"archive", read_bytes(dir / "archive.pt")});
   bases.push_back({"checkpoint", amp_test::checkpoint_archive_bytes(scaler)});
+  const std::string model_script =
+      "import sys, torch\n"
+      "torch.manual_seed(9)\n"
+      "m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), "
+      "torch.nn.Linear(8, 3))\n"
+      "torch.save(m.state_dict(), sys.argv[1])\n";
+  run_python(python, dir / "make_model.py", model_script, (dir / "py-model.pt").string());
+  bases.push_back({"py-model", read_bytes(dir / "py-model.pt")});
+  amp::save_state_dict(*make_model(9), (dir / "cpp-model.pt").string());
+  bases.push_back({"cpp-model", read_bytes(dir / "cpp-model.pt")});
   return bases;
 }
 

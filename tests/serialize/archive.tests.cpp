@@ -18,11 +18,13 @@
 
 #include "serialize/archive_check.h"
 #include "serialize/zip_directory.h"
+#include "serialize/zip_edit.h"
 #include "support/checkpoints.h"
 
 using amp::detail::check_archive_code;
 using amp::detail::check_archive_pickle;
 using amp::detail::check_archive_type;
+using amp_test::edit_entry;
 using Catch::Contains;
 using namespace std::string_literals;
 
@@ -41,48 +43,6 @@ std::string read_file(const std::filesystem::path& path) {
 
 void write_file(const std::filesystem::path& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
-}
-
-void put_le32(std::string& bytes, std::uint64_t offset, std::uint32_t value) {
-  for (int k = 0; k < 4; ++k) bytes[offset + k] = static_cast<char>((value >> (8 * k)) & 0xff);
-}
-
-// Replaces `from` by `to` (same length) in the first stored entry ending in `entry_suffix` that
-// contains it, and fixes the entry's CRC-32 in both headers, so that only the content is wrong.
-std::string edit_entry(std::string file, const std::string& entry_suffix, const std::string& from,
-                       const std::string& to) {
-  REQUIRE(from.size() == to.size());
-  for (const auto& entry : amp::detail::read_zip_directory(file, 0xfffe)) {
-    if (entry.name.size() < entry_suffix.size() ||
-        entry.name.compare(entry.name.size() - entry_suffix.size(), entry_suffix.size(),
-                           entry_suffix) != 0) {
-      continue;
-    }
-    std::string content = file.substr(entry.data_offset, entry.size);
-    const auto at = content.find(from);
-    if (entry.method != 0 || at == std::string::npos) continue;
-    content.replace(at, from.size(), to);
-    file.replace(entry.data_offset, entry.size, content);
-    const std::uint32_t crc = amp::detail::crc32(content);
-    // The central record holds the CRC at +16 and its local header's offset at +42. LibTorch's
-    // writer leaves the local header's CRC and sizes 0 (a data descriptor follows the data), so
-    // only a local header that records a CRC (at +14) gets the new one. The local header cannot
-    // be found by counting back from the data: an extra field of name-dependent length pads it.
-    const std::size_t central = entry.record_offset;
-    const auto le32 = [&file](std::size_t at) {
-      std::uint32_t value = 0;
-      for (int k = 0; k < 4; ++k) {
-        value |= static_cast<std::uint32_t>(static_cast<unsigned char>(file[at + k])) << (8 * k);
-      }
-      return value;
-    };
-    const std::uint32_t local = le32(central + 42);
-    if (le32(local + 14) != 0) put_le32(file, local + 14, crc);
-    put_le32(file, central + 16, crc);
-    return file;
-  }
-  FAIL("no stored entry ending in " << entry_suffix << " contains " << from);
-  return file;
 }
 
 amp::GradScaler cpu_scaler(amp::GradScalerOptions options = {}) {
@@ -172,8 +132,8 @@ TEST_CASE("Archives that reach LibTorch's crashes and hangs are refused first", 
 
   // A storage type LibTorch does not know (its reader crashed on an unknown dtype).
   CHECK_THAT(refused(edit_entry(good, "/data.pkl", "FloatStorage", "FlootStorage")),
-             Contains("GLOBAL imports 'torch'.'FlootStorage', which a LibTorch archive does not "
-                      "use") &&
+             Contains("GLOBAL imports 'torch'.'FlootStorage', which neither a LibTorch archive "
+                      "nor torch.save uses") &&
                  Contains("' is not a readable LibTorch archive (corrupt, truncated, or not "
                           "written by torch::save / OutputArchive::save_to)"));
   // A tensor record claiming more elements than its data entry holds (12 floats: 48 bytes): the
@@ -195,7 +155,7 @@ TEST_CASE("Archives that reach LibTorch's crashes and hangs are refused first", 
   {
     std::string bytes = good;
     const auto eocd = bytes.rfind(std::string("PK\x05\x06", 4));
-    put_le32(bytes, eocd + 12, 0xffffffffu);
+    amp_test::put_le32(bytes, eocd + 12, 0xffffffffu);
     CHECK_THAT(refused(bytes), Contains("ZIP64 markers"));
   }
   // A truncated file, an empty one, a folder and a missing file.
@@ -247,7 +207,14 @@ TEST_CASE("The archive pickle scanner bounds nesting, memo indices, lengths and 
                     Contains("opcode 0x8f (EMPTY_SET, a set) is not used by LibTorch's archives"));
   CHECK_THROWS_WITH(
       check(pickle("cos\nsystem\n")),
-      Contains("GLOBAL imports 'os'.'system', which a LibTorch archive does not use"));
+      Contains(
+          "GLOBAL imports 'os'.'system', which neither a LibTorch archive nor torch.save uses"));
+  // BUILD gives attributes to an OrderedDict (Python's state_dict `_metadata`), nothing else.
+  CHECK_NOTHROW(check(pickle("ccollections\nOrderedDict\n)R}b"s)));
+  CHECK_THROWS_WITH(check(pickle("}}b"s)),
+                    Contains("opcode 0x62 (BUILD) applies to a dict, which it cannot change"));
+  CHECK_THROWS_WITH(check(pickle("ccollections\nOrderedDict\n)RNb"s)),
+                    Contains("BUILD gives an OrderedDict None rather than a dict of attributes"));
   // restore_type_tag with a type nested 20 deep.
   std::string deep = "int";
   for (int k = 0; k < 20; ++k) deep = "List[" + deep + "]";

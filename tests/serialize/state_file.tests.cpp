@@ -22,6 +22,7 @@
 
 #include "serialize/state_file.h"
 #include "serialize/zip_directory.h"
+#include "support/python_rows.h"
 
 using amp::detail::parse_state_file;
 using amp::detail::parse_state_pickle;
@@ -42,23 +43,7 @@ std::string read_file(const std::string& path) {
 
 // Lines printed by the venv's Python (torch.load / zipfile: the reference), split at tabs.
 std::vector<std::vector<std::string>> python_rows(const std::string& args) {
-  const std::string command =
-      std::string("\"") + AMP_TEST_PYTHON + "\" \"" + kCorpusScript + "\" " + args;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::string out;
-  char buffer[4096];
-  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
-  REQUIRE(::pclose(pipe) == 0);
-  std::vector<std::vector<std::string>> rows;
-  std::istringstream lines(out);
-  for (std::string line; std::getline(lines, line);) {
-    std::vector<std::string> fields;
-    std::istringstream parts(line);
-    for (std::string field; std::getline(parts, field, '\t');) fields.push_back(field);
-    rows.push_back(fields);
-  }
-  return rows;
+  return amp_test::python_rows(AMP_TEST_PYTHON, kCorpusScript, args);
 }
 
 // Checks `value` against Python's "float|int|bool" and its text (float.hex(), int, True/False).

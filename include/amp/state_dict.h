@@ -1,0 +1,71 @@
+// Python's state files in C++: what `torch.save(model.state_dict())`,
+// `torch.save(optimizer.state_dict())` or a checkpoint dict of them writes, read and written by
+// amp so that a run can move between Python and LibTorch (LibTorch's own unpickler refuses the
+// first: pytorch/pytorch#100741).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <torch/nn/module.h>
+
+#include <amp/export.h>
+
+namespace amp {
+
+/// Reads a file written by Python's `torch.save` (or by save_pickled) as values: dicts (string or
+/// int keys, in the file's order; an OrderedDict too), lists, tuples, None, bools, ints, floats,
+/// strings and CPU tensors (every dtype torch.save writes, float8 included; views of one storage
+/// share it). The file is checked by check_archive first (<amp/archive.h>), then read by amp's
+/// own evaluator, which accepts only those values.
+/// Args: path: the file.
+/// Returns: the value saved (for a state_dict, a GenericDict of string to tensor).
+/// Errors: c10::Error naming the file and what is wrong (where, for a damaged file), or the
+///   object it holds that is none of the above (a model pickled whole, a custom class).
+AMP_EXPORT c10::IValue load_pickled(const std::string& path);
+
+/// Writes `value` as Python's `torch.save` does, so that `torch.load(path, weights_only=True)`
+/// reads it: GenericDicts (as dicts; string, int, float or bool keys), lists, tuples, None, bools,
+/// ints, doubles, strings and tensors (any device: written from a contiguous CPU copy; each tensor
+/// its own storage). The file is replaced whole: written beside it, then renamed.
+/// Args: value: what to write; path: the file.
+/// Errors: c10::Error naming the file and the value it cannot write (another IValue kind, or a
+///   tensor dtype torch.save has no record for), or the file it cannot write.
+AMP_EXPORT void save_pickled(const c10::IValue& value, const std::string& path);
+
+/// The keys a state dict and a module disagree on, as Python's `load_state_dict` returns them.
+struct StateDictKeys {
+  std::vector<std::string> missing_keys;     ///< the module's entries the state dict lacks
+  std::vector<std::string> unexpected_keys;  ///< the state dict's entries the module lacks
+};
+
+/// A module's state as Python's `model.state_dict()` names it: every parameter and buffer by its
+/// fully qualified name ("0.weight", "encoder.norm.running_mean"), parameters of each module
+/// before its buffers, then its children in order, detached.
+AMP_EXPORT std::vector<std::pair<std::string, at::Tensor>> state_dict(
+    const torch::nn::Module& module);
+
+/// Loads `state` (a dict of string to tensor: what load_pickled reads from
+/// `torch.save(model.state_dict(), path)`) into `module`'s parameters and buffers by name, as
+/// Python's `model.load_state_dict(state, strict)` does, on the module's devices.
+/// All-or-nothing: every entry is checked before any is copied.
+/// Args: module: the module; state: the state dict; strict: refuse missing or unexpected keys.
+/// Returns: the missing and unexpected keys (empty when strict).
+/// Errors: c10::Error, the module unchanged: `state` is not a dict of string to tensor; with
+///   strict, a sentence listing the missing and unexpected keys; whatever `strict`, an entry
+///   whose shape or dtype differs from the module's (naming the key, both shapes and dtypes;
+///   Python converts dtypes, amp refuses: a bf16 file loaded into an fp32 model is a mistake).
+AMP_EXPORT StateDictKeys load_state_dict(torch::nn::Module& module, const c10::IValue& state,
+                                         bool strict = true);
+
+/// load_pickled(path), then load_state_dict(module, value, strict); errors name the file.
+AMP_EXPORT StateDictKeys load_state_dict(torch::nn::Module& module, const std::string& path,
+                                         bool strict = true);
+
+/// Writes state_dict(module) as an OrderedDict, as `torch.save(model.state_dict(), path)` does:
+/// Python reads it with `torch.load(path, weights_only=True)` and `model.load_state_dict`.
+/// Errors: as save_pickled.
+AMP_EXPORT void save_state_dict(const torch::nn::Module& module, const std::string& path);
+
+}  // namespace amp

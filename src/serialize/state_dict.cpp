@@ -1,0 +1,409 @@
+// amp::load_pickled / save_pickled and the module state dicts on them: the archive checker and
+// the torch.save pickle evaluator and writer (serialize/pickle_values.h, pickle_writer.h) joined
+// to ATen tensors and IValues.
+#include "amp/state_dict.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "serialize/archive_check.h"
+#include "serialize/open_checked.h"
+#include "serialize/pickle_values.h"
+#include "serialize/pickle_writer.h"
+#include "serialize/zip_directory.h"
+
+namespace amp {
+
+namespace {
+
+using detail::PickledTensor;
+using detail::PickledValue;
+
+// ---- dtypes: torch's names <-> ScalarType ----
+
+const std::pair<const char*, c10::ScalarType> kDtypeNames[] = {
+    {"float32", at::kFloat},
+    {"float64", at::kDouble},
+    {"float16", at::kHalf},
+    {"bfloat16", at::kBFloat16},
+    {"int64", at::kLong},
+    {"int32", at::kInt},
+    {"int16", at::kShort},
+    {"int8", at::kChar},
+    {"uint8", at::kByte},
+    {"bool", at::kBool},
+    {"complex64", at::kComplexFloat},
+    {"complex128", at::kComplexDouble},
+    {"float8_e4m3fn", at::kFloat8_e4m3fn},
+    {"float8_e5m2", at::kFloat8_e5m2},
+    {"float8_e4m3fnuz", at::kFloat8_e4m3fnuz},
+    {"float8_e5m2fnuz", at::kFloat8_e5m2fnuz},
+    {"float8_e8m0fnu", at::kFloat8_e8m0fnu},
+    {"uint16", at::kUInt16},
+    {"uint32", at::kUInt32},
+    {"uint64", at::kUInt64},
+};
+
+std::optional<c10::ScalarType> scalar_type_named(const std::string& name) {
+  for (const auto& [text, type] : kDtypeNames) {
+    if (name == text) return type;
+  }
+  return std::nullopt;
+}
+
+const char* name_of(c10::ScalarType type) {
+  for (const auto& [text, t] : kDtypeNames) {
+    if (t == type) return text;
+  }
+  return nullptr;
+}
+
+// ---- reading ----
+
+class PickledReader {
+ public:
+  PickledReader(std::string_view file, const detail::ArchiveDirectory& archive)
+      : file_(file), archive_(archive) {}
+
+  c10::IValue convert(const PickledValue& value) {
+    using Kind = PickledValue::Kind;
+    switch (value.kind) {
+      case Kind::kNone:
+        return c10::IValue();
+      case Kind::kBool:
+        return c10::IValue(value.integer != 0);
+      case Kind::kInt:
+        return c10::IValue(value.integer);
+      case Kind::kFloat:
+        return c10::IValue(value.real);
+      case Kind::kString:
+        return c10::IValue(value.text);
+      case Kind::kTuple: {
+        std::vector<c10::IValue> items;
+        for (const PickledValue& item : *value.items) items.push_back(convert(item));
+        return c10::ivalue::Tuple::create(std::move(items));
+      }
+      case Kind::kList: {
+        c10::impl::GenericList list(c10::AnyType::get());
+        for (const PickledValue& item : *value.items) list.push_back(convert(item));
+        return list;
+      }
+      case Kind::kDict: {
+        // String keys give Dict<str, Any> (a state_dict), int keys Dict<int, Any> (an optimizer's
+        // state), mixed ones Dict<Any, Any>.
+        bool all_strings = true, all_ints = true;
+        for (std::size_t k = 0; k < value.items->size(); k += 2) {
+          all_strings = all_strings && (*value.items)[k].kind == Kind::kString;
+          all_ints = all_ints && (*value.items)[k].kind == Kind::kInt;
+        }
+        const c10::TypePtr key_type = all_strings ? c10::TypePtr(c10::StringType::get())
+                                      : all_ints  ? c10::TypePtr(c10::IntType::get())
+                                                  : c10::TypePtr(c10::AnyType::get());
+        c10::impl::GenericDict dict(key_type, c10::AnyType::get());
+        for (std::size_t k = 0; k < value.items->size(); k += 2) {
+          dict.insert(convert((*value.items)[k]), convert((*value.items)[k + 1]));
+        }
+        return dict;
+      }
+      case Kind::kTensor:
+        return tensor(*value.tensor);
+    }
+    return c10::IValue();
+  }
+
+ private:
+  at::Tensor tensor(const PickledTensor& t) {
+    const std::optional<c10::ScalarType> dtype = scalar_type_named(t.dtype);
+    if (!dtype)
+      throw detail::ReaderError("a tensor of dtype " + t.dtype + ", which LibTorch lacks");
+    auto found = storages_.find(t.key);
+    if (found == storages_.end()) {
+      const std::string name = "data/" + t.key;
+      const auto entry = archive_.by_name.find(name);
+      // The checker has matched every record to a stored entry holding its elements.
+      if (entry == archive_.by_name.end()) throw detail::ReaderError("no entry " + name);
+      std::string inflated;
+      const std::string_view bytes =
+          detail::entry_bytes(file_, archive_.entries[entry->second], detail::kNoFileSizeLimit,
+                              "a tensor's data", inflated);
+      at::Tensor storage = at::empty({static_cast<int64_t>(t.storage_numel)}, at::dtype(*dtype));
+      const std::uint64_t used = t.storage_numel * t.element_size;
+      if (used > bytes.size()) throw detail::ReaderError("the entry " + name + " is too short");
+      if (used > 0) std::memcpy(storage.data_ptr(), bytes.data(), used);
+      found = storages_.emplace(t.key, std::move(storage)).first;
+    }
+    if (found->second.scalar_type() != *dtype) {
+      throw detail::ReaderError("the storage " + t.key + " is read as two dtypes");
+    }
+    return found->second.as_strided(t.sizes, t.strides, t.offset);
+  }
+
+  std::string_view file_;
+  const detail::ArchiveDirectory& archive_;
+  std::map<std::string, at::Tensor> storages_;  // by key: views of one storage share it
+};
+
+[[noreturn]] void refuse_file(const std::string& path, const std::string& what) {
+  TORCH_CHECK(false, "cannot read '", path, "': ", what);
+}
+
+// ---- writing ----
+
+class PickledWriter {
+ public:
+  PickledValue convert(const c10::IValue& value, const std::string& where) {
+    using Kind = PickledValue::Kind;
+    if (value.isNone()) return PickledValue{};
+    if (value.isBool()) return detail::pickled_scalar(Kind::kBool, value.toBool());
+    if (value.isInt()) return detail::pickled_scalar(Kind::kInt, value.toInt());
+    if (value.isDouble()) return detail::pickled_scalar(Kind::kFloat, 0, value.toDouble());
+    if (value.isString()) return detail::pickled_scalar(Kind::kString, 0, 0.0, value.toStringRef());
+    PickledValue out;
+    if (value.isTuple() || value.isList()) {
+      out.kind = value.isTuple() ? Kind::kTuple : Kind::kList;
+      out.items = std::make_shared<std::vector<PickledValue>>();
+      const auto items =
+          value.isTuple() ? value.toTupleRef().elements().vec() : value.toListRef().vec();
+      for (std::size_t k = 0; k < items.size(); ++k) {
+        out.items->push_back(convert(items[k], where + "[" + std::to_string(k) + "]"));
+      }
+    } else if (value.isGenericDict()) {
+      out.kind = Kind::kDict;
+      out.items = std::make_shared<std::vector<PickledValue>>();
+      for (const auto& entry : value.toGenericDict()) {
+        const std::string key =
+            entry.key().isString() ? entry.key().toStringRef() : entry.key().tagKind();
+        out.items->push_back(convert(entry.key(), where + " key"));
+        out.items->push_back(convert(entry.value(), where + "[" + key + "]"));
+      }
+    } else if (value.isTensor()) {
+      out.kind = Kind::kTensor;
+      out.tensor = tensor(value.toTensor(), where);
+    } else {
+      TORCH_CHECK(false, where, " is a ", value.tagKind(),
+                  ", which torch.save's files hold only inside a pickled class; save dicts, "
+                  "lists, tuples, numbers, strings and tensors");
+    }
+    return out;
+  }
+
+  /// The tensors' bytes, by key, in the order written.
+  std::vector<std::pair<std::string, at::Tensor>> storages;
+
+ private:
+  std::shared_ptr<const PickledTensor> tensor(const at::Tensor& value, const std::string& where) {
+    TORCH_CHECK(value.defined(), where, " is an undefined tensor, which Python has no form for");
+    const char* dtype = name_of(value.scalar_type());
+    TORCH_CHECK(dtype != nullptr, where, " has dtype ", value.scalar_type(),
+                ", which torch.save has no record for");
+    const at::Tensor bytes = value.detach().to(at::kCPU).contiguous();
+    auto t = std::make_shared<PickledTensor>();
+    t->key = std::to_string(storages.size());
+    t->dtype = dtype;
+    t->element_size = bytes.element_size();
+    t->location = "cpu";
+    t->storage_numel = static_cast<std::uint64_t>(bytes.numel());
+    t->sizes = bytes.sizes().vec();
+    t->strides = bytes.strides().vec();
+    storages.emplace_back(t->key, bytes);
+    return t;
+  }
+};
+
+// Writes the archive to `path` through a file beside it, renamed over `path` when complete.
+void write_archive(const std::string& path, const std::string& pickle,
+                   const std::vector<std::pair<std::string, at::Tensor>>& storages) {
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    TORCH_CHECK(out, "cannot write '", partial, "': ", std::strerror(errno),
+                "; check that the folder exists and is writable.");
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, std::size_t size) {
+      out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
+      return out ? size : 0;
+    });
+    writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+    const std::string byteorder = "little";
+    writer.writeRecord("byteorder", byteorder.data(), byteorder.size());
+    for (const auto& [key, bytes] : storages) {
+      writer.writeRecord("data/" + key, bytes.data_ptr(),
+                         static_cast<std::size_t>(bytes.numel()) * bytes.element_size());
+    }
+    writer.writeEndOfFile();
+    out.flush();
+    TORCH_CHECK(out, "cannot write '", partial, "': ", std::strerror(errno));
+  }
+  std::error_code error;
+  std::filesystem::rename(partial, path, error);
+  if (error) {
+    std::filesystem::remove(partial);
+    TORCH_CHECK(false, "cannot replace '", path, "': ", error.message());
+  }
+}
+
+// Python's state_dict order: a module's parameters, then its buffers, then each child's.
+void collect(const torch::nn::Module& module, const std::string& prefix,
+             std::vector<std::pair<std::string, at::Tensor>>& out) {
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+    if (item.value().defined()) out.emplace_back(prefix + item.key(), item.value());
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/false)) {
+    if (item.value().defined()) out.emplace_back(prefix + item.key(), item.value());
+  }
+  for (const auto& child : module.named_children()) {
+    collect(*child.value(), prefix + child.key() + ".", out);
+  }
+}
+
+std::string shape_text(const at::Tensor& t) {
+  std::ostringstream text;
+  text << "[";
+  for (int64_t d = 0; d < t.dim(); ++d) text << (d ? ", " : "") << t.size(d);
+  text << "]";
+  return text.str();
+}
+
+std::string key_list(const std::vector<std::string>& keys) {
+  std::string text;
+  for (const std::string& key : keys) text += (text.empty() ? "\"" : ", \"") + key + "\"";
+  return text;
+}
+
+}  // namespace
+
+c10::IValue load_pickled(const std::string& path) {
+  const auto file = detail::open_checked(path, "a torch.save file", "amp::load_pickled",
+                                         "name a file written by torch.save or amp::save_pickled.");
+  try {
+    detail::check_archive(file->bytes());
+    const detail::ArchiveDirectory archive = detail::read_archive_directory(file->bytes(), 0xfffe);
+    std::string inflated;
+    const auto byteorder = archive.by_name.find("byteorder");
+    if (byteorder != archive.by_name.end()) {
+      const std::string_view order = detail::entry_bytes(
+          file->bytes(), archive.entries[byteorder->second], 64, "the byte order record", inflated);
+      if (order != "little")
+        refuse_file(path, "its tensors are " + std::string(order) +
+                              "-endian; amp reads little-endian files");
+    }
+    const detail::ZipEntry& pickle_entry = archive.entries[archive.by_name.at("data.pkl")];
+    const PickledValue root = detail::evaluate_torch_pickle(
+        detail::entry_bytes(file->bytes(), pickle_entry, detail::kMaxArchivePickleSize,
+                            "the pickle", inflated),
+        pickle_entry.name);
+    PickledReader reader(file->bytes(), archive);
+    return reader.convert(root);
+  } catch (const detail::ReaderError& error) {
+    refuse_file(path, std::string("not a file torch.save writes, or damaged: ") + error.what());
+  }
+}
+
+void save_pickled(const c10::IValue& value, const std::string& path) {
+  PickledWriter writer;
+  const PickledValue root = writer.convert(value, "the value");
+  std::string pickle;
+  try {
+    pickle = detail::write_torch_pickle(root);
+  } catch (const detail::ReaderError& error) {
+    TORCH_CHECK(false, "amp::save_pickled('", path, "'): ", error.what());
+  }
+  write_archive(path, pickle, writer.storages);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> state_dict(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> entries;
+  collect(module, "", entries);
+  for (auto& entry : entries) entry.second = entry.second.detach();
+  return entries;
+}
+
+StateDictKeys load_state_dict(torch::nn::Module& module, const c10::IValue& state, bool strict) {
+  TORCH_CHECK(state.isGenericDict(), "load_state_dict: the state is a ", state.tagKind(),
+              " rather than a dict of names to tensors (what torch.save(model.state_dict()) "
+              "writes)");
+  std::map<std::string, at::Tensor> given;
+  std::vector<std::string> given_order;
+  for (const auto& entry : state.toGenericDict()) {
+    TORCH_CHECK(entry.key().isString() && entry.value().isTensor(),
+                "load_state_dict: the state holds a ", entry.key().tagKind(), " key or a ",
+                entry.value().tagKind(),
+                " value; a module's state dict maps names (strings) to tensors");
+    given.emplace(entry.key().toStringRef(), entry.value().toTensor());
+    given_order.push_back(entry.key().toStringRef());
+  }
+  std::vector<std::pair<std::string, at::Tensor>> own;
+  collect(module, "", own);
+  StateDictKeys keys;
+  std::set<std::string> own_names;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (destination, source)
+  for (const auto& [name, target] : own) {
+    own_names.insert(name);
+    const auto found = given.find(name);
+    if (found == given.end()) {
+      keys.missing_keys.push_back(name);
+      continue;
+    }
+    const at::Tensor& source = found->second;
+    TORCH_CHECK(source.sizes() == target.sizes(), "load_state_dict: size mismatch for ", name,
+                ": the state has shape ", shape_text(source), ", the module's is ",
+                shape_text(target), "; the state is of another model or configuration.");
+    TORCH_CHECK(source.scalar_type() == target.scalar_type(),
+                "load_state_dict: dtype mismatch for ", name, ": the state has ",
+                source.scalar_type(), ", the module's is ", target.scalar_type(),
+                "; convert the module (module->to(dtype)) or the state "
+                "before loading.");
+    copies.emplace_back(target, source);
+  }
+  for (const std::string& name : given_order) {
+    if (own_names.count(name) == 0) keys.unexpected_keys.push_back(name);
+  }
+  if (strict && (!keys.missing_keys.empty() || !keys.unexpected_keys.empty())) {
+    std::string message = "load_state_dict: the state does not match the module's names.";
+    if (!keys.missing_keys.empty()) {
+      message += " Missing key(s): " + key_list(keys.missing_keys) + ".";
+    }
+    if (!keys.unexpected_keys.empty()) {
+      message += " Unexpected key(s): " + key_list(keys.unexpected_keys) + ".";
+    }
+    TORCH_CHECK(false, message, " Pass strict = false to load the entries that match.");
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [target, source] : copies) target.copy_(source);
+  return keys;
+}
+
+StateDictKeys load_state_dict(torch::nn::Module& module, const std::string& path, bool strict) {
+  const c10::IValue state = load_pickled(path);
+  try {
+    return load_state_dict(module, state, strict);
+  } catch (const c10::Error& error) {
+    TORCH_CHECK(false, "'", path, "': ", error.msg());
+  }
+}
+
+void save_state_dict(const torch::nn::Module& module, const std::string& path) {
+  PickledWriter writer;
+  PickledValue root;
+  root.kind = PickledValue::Kind::kDict;
+  root.ordered_dict = true;
+  root.items = std::make_shared<std::vector<PickledValue>>();
+  for (const auto& [name, tensor] : state_dict(module)) {
+    root.items->push_back(detail::pickled_scalar(PickledValue::Kind::kString, 0, 0.0, name));
+    root.items->push_back(writer.convert(tensor, name));
+  }
+  write_archive(path, detail::write_torch_pickle(root), writer.storages);
+}
+
+}  // namespace amp

@@ -1,0 +1,338 @@
+// amp::load_state_dict / save_state_dict and amp::load_pickled / save_pickled: Python's
+// torch.save files read bit for bit into LibTorch modules, amp's files read by Python's
+// torch.load(weights_only=True), and other models' files, wrong shapes and dtypes, and damaged
+// or hostile files refused with the module unchanged. Python (state_dict_reference.py) is the
+// reference on both sides.
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <amp/fp8.h>
+#include <amp/state_dict.h>
+
+#include "serialize/zip_edit.h"
+#include "support/python_rows.h"
+#include "support/temp_dir.h"
+
+using Catch::Contains;
+
+namespace {
+
+const std::string kScript = AMP_TEST_SOURCE_DIR "/serialize/state_dict_reference.py";
+
+std::vector<std::vector<std::string>> python(const std::string& args) {
+  return amp_test::python_rows(AMP_TEST_PYTHON, kScript, args);
+}
+
+std::string quoted(const std::filesystem::path& path) { return "\"" + path.string() + "\""; }
+
+// Python's names of the dtypes these tests write.
+std::string python_dtype(c10::ScalarType type) {
+  const std::pair<c10::ScalarType, const char*> kNames[] = {{at::kFloat, "float32"},
+                                                            {at::kBFloat16, "bfloat16"},
+                                                            {at::kHalf, "float16"},
+                                                            {at::kLong, "int64"},
+                                                            {at::kFloat8_e4m3fn, "float8_e4m3fn"},
+                                                            {at::kFloat8_e5m2, "float8_e5m2"}};
+  for (const auto& [t, name] : kNames) {
+    if (t == type) return name;
+  }
+  return c10::toString(type);
+}
+
+// A row as the script prints one: key, dtype, shape ("8x4"; "" for 0-dim), bytes in hex.
+std::vector<std::string> row(const std::string& key, const at::Tensor& tensor) {
+  const at::Tensor t = tensor.detach().contiguous();
+  std::string shape;
+  for (int64_t d = 0; d < t.dim(); ++d) shape += (d ? "x" : "") + std::to_string(t.size(d));
+  static const char* kHex = "0123456789abcdef";
+  std::string hex;
+  const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+  for (std::size_t k = 0; k < static_cast<std::size_t>(t.numel()) * t.element_size(); ++k) {
+    hex += kHex[bytes[k] >> 4];
+    hex += kHex[bytes[k] & 15];
+  }
+  return {key, python_dtype(t.scalar_type()), shape, hex};
+}
+
+std::vector<std::vector<std::string>> rows(const torch::nn::Module& module) {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& [key, tensor] : amp::state_dict(module)) out.push_back(row(key, tensor));
+  return out;
+}
+
+// The script's "mlp": Linear, LayerNorm in bfloat16, Linear, BatchNorm1d, and a float8 and a
+// float16 buffer on the Sequential itself. `hidden`/`out` change shapes for the mismatch cases.
+torch::nn::Sequential mlp(int64_t out = 3, bool bf16_norm = true) {
+  torch::manual_seed(11);
+  torch::nn::Sequential m(torch::nn::Linear(4, 8),
+                          torch::nn::LayerNorm(torch::nn::LayerNormOptions({8})),
+                          torch::nn::Linear(8, out), torch::nn::BatchNorm1d(out));
+  if (bf16_norm) m[1]->to(torch::kBFloat16);
+  m->register_buffer("history", torch::randn({5}).to(torch::kFloat8_e4m3fn));
+  m->register_buffer("half_buffer", torch::randn({2, 3}).to(torch::kHalf));
+  return m;
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_file(const std::filesystem::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+}  // namespace
+
+TEST_CASE("A state dict saved by Python loads into the same model built in LibTorch, bit for bit",
+          "[serialize][state_dict][python]") {
+  amp_test::TempDir dir("state_dict");
+  const auto path = dir.path() / "mlp.pt";
+  const auto expected = python("write mlp " + quoted(path));
+  auto model = mlp();
+  const amp::StateDictKeys keys = amp::load_state_dict(*model, path.string());
+  CHECK(keys.missing_keys.empty());
+  CHECK(keys.unexpected_keys.empty());
+  // Every entry (float32, bfloat16, float16, float8, the int64 counter) in Python's order.
+  CHECK(rows(*model) == expected);
+  REQUIRE(expected.size() == 13);
+  CHECK(expected[0][0] == "history");
+  CHECK(expected.back()[0] == "3.num_batches_tracked");
+}
+
+TEST_CASE("A state dict saved by amp loads in Python with weights_only=True, bit for bit",
+          "[serialize][state_dict][python]") {
+  amp_test::TempDir dir("state_dict");
+  const auto path = dir.path() / "mlp.pt";
+  auto model = mlp();
+  {
+    torch::NoGradGuard no_grad;
+    model[3]->named_buffers()["num_batches_tracked"].fill_(9);
+    model[3]->named_buffers()["running_var"].uniform_(1, 2);
+  }
+  amp::save_state_dict(*model, path.string());
+  CHECK_FALSE(std::filesystem::exists(path.string() + ".partial"));
+  // Python loads it strictly into its own model and prints that model's state.
+  CHECK(python("read mlp " + quoted(path)) == rows(*model));
+  // And amp reads back what it wrote.
+  auto again = mlp(3);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : again->parameters()) p.zero_();
+  }
+  amp::load_state_dict(*again, path.string());
+  CHECK(rows(*again) == rows(*model));
+}
+
+TEST_CASE("A file of another model is refused with its missing and unexpected keys",
+          "[serialize][state_dict][python]") {
+  amp_test::TempDir dir("state_dict");
+  const auto path = dir.path() / "other.pt";
+  python("write other " + quoted(path));
+  auto model = mlp();
+  const auto before = rows(*model);
+  CHECK_THROWS_WITH(
+      amp::load_state_dict(*model, path.string()),
+      Contains("'" + path.string() +
+               "': load_state_dict: the state does not match the module's "
+               "names. Missing key(s): \"history\", \"half_buffer\", \"1.weight\"") &&
+          Contains("\"3.num_batches_tracked\". Unexpected key(s): \"extra\". Pass strict = false"));
+  CHECK(rows(*model) == before);
+
+  // Not strict: what matches is loaded, and the keys are returned as Python returns them.
+  const amp::StateDictKeys keys = amp::load_state_dict(*model, path.string(), /*strict=*/false);
+  CHECK(keys.unexpected_keys == std::vector<std::string>{"extra"});
+  CHECK(keys.missing_keys.size() == 11);
+  CHECK(keys.missing_keys.front() == "history");
+  const auto after = rows(*model);
+  CHECK(after[2] != before[2]);  // 0.weight: Python's
+  CHECK(std::vector(after.begin() + 4, after.end()) ==
+        std::vector(before.begin() + 4, before.end()));
+}
+
+TEST_CASE("A shape or dtype that differs is refused naming the key, the module unchanged",
+          "[serialize][state_dict][python]") {
+  amp_test::TempDir dir("state_dict");
+  const auto path = dir.path() / "mlp.pt";
+  python("write mlp " + quoted(path));
+  SECTION("shape") {
+    auto model = mlp(/*out=*/4);
+    const auto before = rows(*model);
+    CHECK_THROWS_WITH(amp::load_state_dict(*model, path.string(), /*strict=*/false),
+                      Contains("load_state_dict: size mismatch for 2.weight: the state has shape "
+                               "[3, 8], the module's is [4, 8]"));
+    CHECK(rows(*model) == before);
+  }
+  SECTION("dtype") {
+    auto model = mlp(3, /*bf16_norm=*/false);
+    const auto before = rows(*model);
+    CHECK_THROWS_WITH(amp::load_state_dict(*model, path.string()),
+                      Contains("load_state_dict: dtype mismatch for 1.weight: the state has "
+                               "BFloat16, the module's is Float; convert the module"));
+    CHECK(rows(*model) == before);
+  }
+}
+
+TEST_CASE("Damaged and hostile state files are refused with a sentence, the module unchanged",
+          "[serialize][state_dict][python]") {
+  amp_test::TempDir dir("state_dict");
+  const auto path = dir.path() / "mlp.pt";
+  python("write mlp " + quoted(path));
+  const std::string good = read_file(path);
+  auto model = mlp();
+  const auto before = rows(*model);
+  const auto bad = dir.path() / "bad.pt";
+  const auto refused = [&](const std::string& bytes) {
+    write_file(bad, bytes);
+    std::string message;
+    try {
+      amp::load_state_dict(*model, bad.string());
+    } catch (const c10::Error& error) {
+      message = error.msg();
+    }
+    CHECK(rows(*model) == before);
+    return message;
+  };
+  // A pickle that imports something else than torch.save writes (same length, CRC fixed).
+  CHECK_THAT(refused(amp_test::edit_entry(good, "/data.pkl", "collections\nOrderedDict",
+                                          "subprocess\nPopen_orders")),
+             Contains("cannot read '" + bad.string() +
+                      "': not a file torch.save writes, or "
+                      "damaged: ") &&
+                 Contains("GLOBAL imports 'subprocess'.'Popen_orders'"));
+  CHECK_THAT(
+      refused(amp_test::edit_entry(good, "/data.pkl", "_rebuild_tensor_v2", "_rebuild_parameter")),
+      Contains("_rebuild_parameter"));
+  // A float8 tensor's untyped storage read as v2, and a typed one's arguments read as v3.
+  CHECK_THAT(
+      refused(amp_test::edit_entry(good, "/data.pkl", "_rebuild_tensor_v3", "_rebuild_tensor_v2")),
+      Contains("_rebuild_tensor_v2's storage is untyped"));
+  CHECK_THAT(
+      refused(amp_test::edit_entry(good, "/data.pkl", "_rebuild_tensor_v2", "_rebuild_tensor_v3")),
+      Contains("_rebuild_tensor_v3 is called with a tuple rather than a tuple of 7 or 8 "
+               "arguments"));
+  // Truncated, and a tensor's bytes changed without their CRC.
+  CHECK_THAT(refused(good.substr(0, good.size() / 2)), Contains("cannot read '" + bad.string()));
+  std::string flipped = good;
+  for (const auto& entry : amp::detail::read_zip_directory(good, 0xfffe)) {
+    if (entry.name == "mlp/data/2") flipped[entry.data_offset + 5] ^= 0x40;  // 0.weight
+  }
+  REQUIRE(flipped != good);
+  CHECK_THAT(refused(flipped), Contains("cannot read '" + bad.string()) && Contains("CRC"));
+  // Not a file at all.
+  CHECK_THROWS_WITH(amp::load_state_dict(*model, (dir.path() / "none.pt").string()),
+                    Contains("cannot open"));
+}
+
+TEST_CASE("Python's optimizer state_dict reads as values: state by index, param_groups",
+          "[serialize][state_dict][python]") {
+  amp_test::TempDir dir("state_dict");
+  const auto path = dir.path() / "adamw.pt";
+  const auto expected = python("optimizer " + quoted(path));
+  const c10::IValue value = amp::load_pickled(path.string());
+  REQUIRE(value.isGenericDict());
+  const auto dict = value.toGenericDict();
+  const auto state = dict.at("state").toGenericDict();
+  const auto groups = dict.at("param_groups").toList();
+  std::vector<std::vector<std::string>> seen;
+  for (const auto& index : state) {
+    for (const auto& entry : index.value().toGenericDict()) {
+      seen.push_back(
+          row("state." + std::to_string(index.key().toInt()) + "." + entry.key().toStringRef(),
+              entry.value().toTensor()));
+    }
+  }
+  REQUIRE(groups.size() == 2);
+  const auto group1 = groups.get(1).toGenericDict();
+  CHECK(group1.at("lr").toDouble() == 0.5);
+  CHECK(group1.at("betas").toTupleRef().elements()[1].toDouble() == 0.95);
+  CHECK(group1.at("amsgrad").toBool() == false);
+  CHECK(group1.at("foreach").isNone());
+  CHECK(group1.at("params").toList().get(0).toInt() == 1);
+  // The tensor rows are Python's, in its order.
+  const std::vector<std::vector<std::string>> expected_tensors(expected.begin(),
+                                                               expected.begin() + seen.size());
+  CHECK(seen == expected_tensors);
+}
+
+TEST_CASE("save_pickled writes values Python reads with weights_only=True, and load_pickled reads",
+          "[serialize][state_dict][python]") {
+  amp_test::TempDir dir("state_dict");
+  const auto path = dir.path() / "values.pt";
+  c10::impl::GenericDict by_index(c10::IntType::get(), c10::AnyType::get());
+  by_index.insert(int64_t{0}, 1.5);
+  by_index.insert(int64_t{7}, std::string("seven"));
+  c10::impl::GenericList list(c10::AnyType::get());
+  list.push_back(int64_t{1});
+  list.push_back(int64_t{-70000});
+  torch::manual_seed(2);
+  const at::Tensor matrix = torch::randn({3, 4});
+  c10::impl::GenericDict value(c10::StringType::get(), c10::AnyType::get());
+  value.insert("by_index", by_index);
+  value.insert("tuple", c10::ivalue::Tuple::create({c10::IValue(int64_t{1} << 40), c10::IValue(),
+                                                    c10::IValue(true), c10::IValue(-0.25)}));
+  value.insert("list", list);
+  value.insert("transposed", matrix.t());  // a view: written contiguous
+  value.insert("bf16", torch::randn({5}).to(torch::kBFloat16));
+  value.insert("fp8", torch::randn({2, 2}).to(torch::kFloat8_e5m2));
+  amp::save_pickled(value, path.string());
+
+  const auto printed = python("values " + quoted(path));
+  REQUIRE(printed.size() == 6);
+  CHECK(printed[0] == std::vector<std::string>{"by_index", "{0: 1.5, 7: 'seven'}"});
+  CHECK(printed[1] == std::vector<std::string>{"tuple", "(1099511627776, None, True, -0.25)"});
+  CHECK(printed[2] == std::vector<std::string>{"list", "[1, -70000]"});
+  CHECK(printed[3] == row("transposed", matrix.t()));
+  CHECK(printed[4] == row("bf16", value.at("bf16").toTensor()));
+  CHECK(printed[5] == row("fp8", value.at("fp8").toTensor()));
+
+  const c10::IValue back = amp::load_pickled(path.string());
+  const auto read = back.toGenericDict();
+  CHECK(read.at("by_index").toGenericDict().at(int64_t{7}).toStringRef() == "seven");
+  CHECK(read.at("list").toList().get(1).toInt() == -70000);
+  CHECK(read.at("tuple").toTupleRef().elements()[0].toInt() == int64_t{1} << 40);
+  CHECK(torch::equal(read.at("transposed").toTensor(), matrix.t()));
+  CHECK(row("fp8", read.at("fp8").toTensor()) == printed[5]);
+
+  // What Python's files cannot hold outside a pickled class is refused, naming it.
+  c10::impl::GenericDict odd(c10::StringType::get(), c10::AnyType::get());
+  odd.insert("device", c10::IValue(c10::Device(c10::kCPU)));
+  CHECK_THROWS_WITH(amp::save_pickled(odd, (dir.path() / "odd.pt").string()),
+                    Contains("the value[device] is a Device"));
+}
+
+TEST_CASE("Float8 layers' delayed histories and scales travel in the state dict",
+          "[serialize][state_dict][fp8]") {
+  using namespace amp::fp8;
+  const auto make = [] {
+    torch::manual_seed(5);
+    return torch::nn::Sequential(
+        Float8Linear(Float8LinearOptions(16, 16).recipe(Recipe::delayed())),
+        Float8Linear(Float8LinearOptions(16, 8).recipe(Recipe::delayed())));
+  };
+  auto trained = make();
+  {
+    Float8AutocastGuard float8;
+    for (int step = 0; step < 3; ++step) {
+      torch::manual_seed(100 + step);
+      trained->forward(torch::randn({4, 16}) * (step + 1)).square().mean().backward();
+    }
+  }
+  const auto saved = rows(*trained);
+  bool has_history = false;
+  for (const auto& r : saved) has_history = has_history || r[0] == "0.amax_history_input";
+  CHECK(has_history);
+  amp_test::TempDir dir("state_dict");
+  const auto path = dir.path() / "fp8.pt";
+  amp::save_state_dict(*trained, path.string());
+  auto fresh = make();
+  CHECK(rows(*fresh) != saved);
+  amp::load_state_dict(*fresh, path.string());
+  CHECK(rows(*fresh) == saved);
+}
