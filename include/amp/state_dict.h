@@ -9,6 +9,7 @@
 
 #include <ATen/core/ivalue.h>
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include <amp/export.h>
 
@@ -42,9 +43,9 @@ struct StateDictKeys {
 
 /// A module's state as Python's `model.state_dict()` names it: every parameter and buffer by its
 /// fully qualified name ("0.weight", "encoder.norm.running_mean"), parameters of each module
-/// before its buffers, then its children in order, detached.
-AMP_EXPORT std::vector<std::pair<std::string, at::Tensor>> state_dict(
-    const torch::nn::Module& module);
+/// before its buffers, then its children in order, detached. An IValue as it stands: put it in a
+/// checkpoint dict for save_pickled, or pass it to load_state_dict.
+AMP_EXPORT c10::Dict<std::string, at::Tensor> state_dict(const torch::nn::Module& module);
 
 /// Loads `state` (a dict of string to tensor: what load_pickled reads from
 /// `torch.save(model.state_dict(), path)`) into `module`'s parameters and buffers by name, as
@@ -67,5 +68,39 @@ AMP_EXPORT StateDictKeys load_state_dict(torch::nn::Module& module, const std::s
 /// Python reads it with `torch.load(path, weights_only=True)` and `model.load_state_dict`.
 /// Errors: as save_pickled.
 AMP_EXPORT void save_state_dict(const torch::nn::Module& module, const std::string& path);
+
+/// `optimizer`'s state in the layout of Python's `optimizer.state_dict()`: {"state": {index:
+/// {name: tensor}}, "param_groups": [{option: value, ..., "params": [index, ...]}]}, parameters
+/// numbered across groups in order, "step" a float32 0-dim tensor as Python keeps it; each group
+/// also says which implementation Python must run to continue with the same arithmetic (amp's
+/// FusedAdam/AdamW/SGD: "fused": true; LibTorch's Adam/AdamW/SGD: "foreach" and "fused" false).
+/// For any
+/// LibTorch optimizer that saves in LibTorch's optimizer layout: LibTorch's Adam, AdamW and SGD,
+/// and amp's FusedAdam, FusedAdamW, FusedSGD and FusedLion, whose extra options
+/// (`master_weights`, `rounding_seed`, ...) and state (`master_weight`, `kahan_comp`) travel
+/// under their own names, which Python keeps.
+/// Errors: c10::Error when the optimizer's own save fails.
+AMP_EXPORT c10::IValue optimizer_state_dict(const torch::optim::Optimizer& optimizer);
+
+/// Loads `state` (what `torch.save(optimizer.state_dict())` writes, read by load_pickled, or
+/// optimizer_state_dict's value) into `optimizer` through the optimizer's own load: each saved
+/// group's options and each parameter's state by position, as Python matches them. Python's
+/// `None` entries (an SGD step without momentum, `foreach`) are left out; int options become
+/// floats (Python's `weight_decay=0`), but for `rounding_seed`.
+/// Errors: c10::Error: `state` is not such a dict (naming what is wrong), or the optimizer's load
+///   refuses it (another group count or group size, naming the group; a state it cannot take).
+///   amp's optimizers are then unchanged; LibTorch's own load checks sizes before it changes
+///   anything.
+AMP_EXPORT void load_optimizer_state_dict(torch::optim::Optimizer& optimizer,
+                                          const c10::IValue& state);
+
+/// load_pickled(path), then load_optimizer_state_dict; errors name the file.
+AMP_EXPORT void load_optimizer_state_dict(torch::optim::Optimizer& optimizer,
+                                          const std::string& path);
+
+/// save_pickled(optimizer_state_dict(optimizer), path): Python's `optimizer.load_state_dict(
+/// torch.load(path, weights_only=True))` reads it.
+AMP_EXPORT void save_optimizer_state_dict(const torch::optim::Optimizer& optimizer,
+                                          const std::string& path);
 
 }  // namespace amp

@@ -3,10 +3,18 @@
 // to ATen tensors and IValues.
 #include "amp/state_dict.h"
 
+#include <amp/optim/adam.h>
+#include <amp/optim/sgd.h>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -322,11 +330,12 @@ void save_pickled(const c10::IValue& value, const std::string& path) {
   write_archive(path, pickle, writer.storages);
 }
 
-std::vector<std::pair<std::string, at::Tensor>> state_dict(const torch::nn::Module& module) {
+c10::Dict<std::string, at::Tensor> state_dict(const torch::nn::Module& module) {
   std::vector<std::pair<std::string, at::Tensor>> entries;
   collect(module, "", entries);
-  for (auto& entry : entries) entry.second = entry.second.detach();
-  return entries;
+  c10::Dict<std::string, at::Tensor> dict;
+  for (auto& [name, tensor] : entries) dict.insert(name, tensor.detach());
+  return dict;
 }
 
 StateDictKeys load_state_dict(torch::nn::Module& module, const c10::IValue& state, bool strict) {
@@ -399,11 +408,218 @@ void save_state_dict(const torch::nn::Module& module, const std::string& path) {
   root.kind = PickledValue::Kind::kDict;
   root.ordered_dict = true;
   root.items = std::make_shared<std::vector<PickledValue>>();
-  for (const auto& [name, tensor] : state_dict(module)) {
+  for (const auto& entry : state_dict(module)) {
+    const std::string& name = entry.key();
+    const at::Tensor& tensor = entry.value();
     root.items->push_back(detail::pickled_scalar(PickledValue::Kind::kString, 0, 0.0, name));
     root.items->push_back(writer.convert(tensor, name));
   }
   write_archive(path, detail::write_torch_pickle(root), writer.storages);
+}
+
+// ---- optimizers: Python's state_dict <-> LibTorch's optimizer archive layout ----
+
+namespace {
+
+// The options Python keeps as ints; every other int option is a float LibTorch reads as double.
+bool int_option(const std::string& key) { return key == "rounding_seed"; }
+
+// An archive as the optimizer's load reads it: written, then read back.
+torch::serialize::InputArchive reread(torch::serialize::OutputArchive& archive) {
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  std::istringstream in(bytes.str());
+  torch::serialize::InputArchive read;
+  read.load_from(in);
+  return read;
+}
+
+// Every entry of `archive` but nested archives, by name.
+std::vector<std::pair<std::string, c10::IValue>> entries(torch::serialize::InputArchive& archive) {
+  std::vector<std::pair<std::string, c10::IValue>> out;
+  for (const std::string& key : archive.keys()) {
+    c10::IValue value;
+    if (archive.try_read(key, value) && !value.isObject()) out.emplace_back(key, value);
+  }
+  return out;
+}
+
+c10::impl::GenericDict string_dict() {
+  return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+}
+
+// What a Python optimizer state_dict must be; `what` names the part for the message.
+[[noreturn]] void refuse_optimizer_state(const std::string& what) {
+  TORCH_CHECK(false, "load_optimizer_state_dict: ", what,
+              "; the state is not an optimizer's state_dict() (a dict of \"state\" by parameter "
+              "index and a list of \"param_groups\"). The optimizer is unchanged.");
+}
+
+}  // namespace
+
+c10::IValue optimizer_state_dict(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive written;
+  optimizer.save(written);
+  torch::serialize::InputArchive archive = reread(written);
+  torch::serialize::InputArchive groups_archive, state_archive;
+  archive.read("param_groups", groups_archive);
+  archive.read("state", state_archive);
+  at::Tensor group_count;
+  groups_archive.read("param_groups/size", group_count);
+  std::map<std::string, int64_t> index_of;  // a saved parameter key -> Python's index
+  c10::impl::GenericList groups(c10::AnyType::get());
+  for (int64_t g = 0; g < group_count.item<int64_t>(); ++g) {
+    torch::serialize::InputArchive group_archive, options;
+    groups_archive.read("param_groups/" + std::to_string(g), group_archive);
+    group_archive.read("options", options);
+    c10::impl::GenericDict group = string_dict();
+    for (const auto& [key, value] : entries(options)) group.insert(key, value);
+    // The implementation Python must pick to continue with the same arithmetic: amp's fused
+    // optimizers are Python's fused=True ones, LibTorch's Python's single-tensor ones.
+    if (dynamic_cast<const amp::optim::FusedAdam*>(&optimizer) != nullptr ||
+        dynamic_cast<const amp::optim::FusedAdamW*>(&optimizer) != nullptr ||
+        dynamic_cast<const amp::optim::FusedSGD*>(&optimizer) != nullptr) {
+      group.insert_or_assign("fused", true);
+    } else if (dynamic_cast<const torch::optim::Adam*>(&optimizer) != nullptr ||
+               dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr ||
+               dynamic_cast<const torch::optim::SGD*>(&optimizer) != nullptr) {
+      group.insert_or_assign("foreach", false);
+      group.insert_or_assign("fused", false);
+    }
+    at::Tensor param_count;
+    group_archive.read("params/size", param_count);
+    c10::impl::GenericList params(c10::IntType::get());
+    for (int64_t j = 0; j < param_count.item<int64_t>(); ++j) {
+      c10::IValue key;
+      group_archive.read("params/" + std::to_string(j), key);
+      const int64_t index = static_cast<int64_t>(index_of.size());
+      index_of.emplace(key.toStringRef(), index);
+      params.push_back(index);
+    }
+    group.insert("params", params);
+    groups.push_back(group);
+  }
+  c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+  for (const auto& [key, index] : index_of) {
+    torch::serialize::InputArchive entry;
+    if (!state_archive.try_read(key, entry)) continue;
+    c10::impl::GenericDict fields = string_dict();
+    for (const auto& [name, value] : entries(entry)) {
+      if (value.isTensor() && !value.toTensor().defined()) continue;  // Python leaves it out
+      if (name == "step" && value.isInt()) {
+        fields.insert(name, at::scalar_tensor(static_cast<double>(value.toInt()), at::kFloat));
+      } else {
+        fields.insert(name, value);
+      }
+    }
+    state.insert(index, fields);
+  }
+  // Python lists the state by index.
+  c10::impl::GenericDict ordered(c10::IntType::get(), c10::AnyType::get());
+  for (int64_t index = 0; index < static_cast<int64_t>(index_of.size()); ++index) {
+    if (state.contains(index)) ordered.insert(index, state.at(index));
+  }
+  c10::impl::GenericDict result = string_dict();
+  result.insert("state", ordered);
+  result.insert("param_groups", groups);
+  return result;
+}
+
+void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& state) {
+  if (!state.isGenericDict()) refuse_optimizer_state("it is a " + state.tagKind());
+  const auto dict = state.toGenericDict();
+  if (!dict.contains("state") || !dict.at("state").isGenericDict()) {
+    refuse_optimizer_state("it has no dict \"state\"");
+  }
+  if (!dict.contains("param_groups") || !dict.at("param_groups").isList()) {
+    refuse_optimizer_state("it has no list \"param_groups\"");
+  }
+  torch::serialize::OutputArchive archive;
+  const auto unit = archive.compilation_unit();
+  archive.write("pytorch_version", c10::IValue("1.5.0"));
+  // Parameter keys as LibTorch's own optimizers write them (they parse them as numbers).
+  const auto key_of = [](int64_t index) { return std::to_string(index); };
+
+  torch::serialize::OutputArchive state_archive(unit);
+  for (const auto& item : dict.at("state").toGenericDict()) {
+    if (!item.key().isInt() || !item.value().isGenericDict()) {
+      refuse_optimizer_state("an entry of \"state\" is not a parameter index with a dict");
+    }
+    torch::serialize::OutputArchive entry(unit);
+    bool any = false;
+    for (const auto& field : item.value().toGenericDict()) {
+      if (!field.key().isString()) refuse_optimizer_state("a state entry has a non-string key");
+      const std::string& name = field.key().toStringRef();
+      const c10::IValue& value = field.value();
+      if (value.isNone()) continue;
+      if (name == "step" && value.isTensor()) {
+        // LibTorch's Adam counts steps in an int64; amp reads that too.
+        entry.write(name, c10::IValue(static_cast<int64_t>(value.toTensor().item<double>())));
+      } else if (value.isTensor()) {
+        entry.write(name, value.toTensor());
+        any = true;
+      } else {
+        entry.write(name, value);
+      }
+    }
+    if (any) state_archive.write(key_of(item.key().toInt()), entry);
+  }
+  archive.write("state", state_archive);
+
+  torch::serialize::OutputArchive groups_archive(unit);
+  const auto groups = dict.at("param_groups").toList();
+  groups_archive.write("param_groups/size",
+                       at::scalar_tensor(static_cast<int64_t>(groups.size()), at::kLong));
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const c10::IValue group_value = groups.get(g);
+    if (!group_value.isGenericDict()) refuse_optimizer_state("a param group is not a dict");
+    const auto group = group_value.toGenericDict();
+    if (!group.contains("params") || !group.at("params").isList()) {
+      refuse_optimizer_state("param group " + std::to_string(g) + " has no list \"params\"");
+    }
+    torch::serialize::OutputArchive group_archive(unit), options(unit);
+    const auto params = group.at("params").toList();
+    group_archive.write("params/size",
+                        at::scalar_tensor(static_cast<int64_t>(params.size()), at::kLong));
+    for (std::size_t j = 0; j < params.size(); ++j) {
+      if (!params.get(j).isInt()) {
+        refuse_optimizer_state("param group " + std::to_string(g) + " lists a non-int parameter");
+      }
+      group_archive.write("params/" + std::to_string(j),
+                          c10::IValue(key_of(params.get(j).toInt())));
+    }
+    for (const auto& option : group) {
+      const std::string& name = option.key().toStringRef();
+      const c10::IValue& value = option.value();
+      if (name == "params" || value.isNone()) continue;
+      if (value.isInt() && !int_option(name)) {
+        options.write(name, c10::IValue(static_cast<double>(value.toInt())));
+      } else if (value.isList()) {
+        // Python writes betas as a tuple; a list (from JSON-edited files) reads the same.
+        options.write(name, c10::ivalue::Tuple::create(value.toListRef().vec()));
+      } else {
+        options.write(name, value);
+      }
+    }
+    group_archive.write("options", options);
+    groups_archive.write("param_groups/" + std::to_string(g), group_archive);
+  }
+  archive.write("param_groups", groups_archive);
+  torch::serialize::InputArchive read = reread(archive);
+  optimizer.load(read);
+}
+
+void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path) {
+  const c10::IValue state = load_pickled(path);
+  try {
+    load_optimizer_state_dict(optimizer, state);
+  } catch (const c10::Error& error) {
+    TORCH_CHECK(false, "'", path, "': ", error.msg());
+  }
+}
+
+void save_optimizer_state_dict(const torch::optim::Optimizer& optimizer, const std::string& path) {
+  save_pickled(optimizer_state_dict(optimizer), path);
 }
 
 }  // namespace amp

@@ -146,9 +146,9 @@ torch::nn::Sequential make_model(int seed) {
 // Every entry's name, dtype, shape and bytes.
 std::string model_snapshot(const torch::nn::Module& model) {
   std::string out;
-  for (const auto& [name, tensor] : amp::state_dict(model)) {
-    const at::Tensor t = tensor.contiguous();
-    out += name + c10::toString(t.scalar_type()) + std::to_string(t.dim()) + ":";
+  for (const auto& entry : amp::state_dict(model)) {
+    const at::Tensor t = entry.value().contiguous();
+    out += entry.key() + c10::toString(t.scalar_type()) + std::to_string(t.dim()) + ":";
     out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
   }
   return out;

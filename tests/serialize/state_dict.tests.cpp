@@ -6,13 +6,17 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <amp/fp8.h>
+#include <amp/grad_scaler.h>
+#include <amp/optim.h>
 #include <amp/state_dict.h>
 
 #include "serialize/zip_edit.h"
@@ -31,38 +35,13 @@ std::vector<std::vector<std::string>> python(const std::string& args) {
 
 std::string quoted(const std::filesystem::path& path) { return "\"" + path.string() + "\""; }
 
-// Python's names of the dtypes these tests write.
-std::string python_dtype(c10::ScalarType type) {
-  const std::pair<c10::ScalarType, const char*> kNames[] = {{at::kFloat, "float32"},
-                                                            {at::kBFloat16, "bfloat16"},
-                                                            {at::kHalf, "float16"},
-                                                            {at::kLong, "int64"},
-                                                            {at::kFloat8_e4m3fn, "float8_e4m3fn"},
-                                                            {at::kFloat8_e5m2, "float8_e5m2"}};
-  for (const auto& [t, name] : kNames) {
-    if (t == type) return name;
-  }
-  return c10::toString(type);
-}
-
-// A row as the script prints one: key, dtype, shape ("8x4"; "" for 0-dim), bytes in hex.
 std::vector<std::string> row(const std::string& key, const at::Tensor& tensor) {
-  const at::Tensor t = tensor.detach().contiguous();
-  std::string shape;
-  for (int64_t d = 0; d < t.dim(); ++d) shape += (d ? "x" : "") + std::to_string(t.size(d));
-  static const char* kHex = "0123456789abcdef";
-  std::string hex;
-  const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
-  for (std::size_t k = 0; k < static_cast<std::size_t>(t.numel()) * t.element_size(); ++k) {
-    hex += kHex[bytes[k] >> 4];
-    hex += kHex[bytes[k] & 15];
-  }
-  return {key, python_dtype(t.scalar_type()), shape, hex};
+  return amp_test::tensor_row(key, tensor);
 }
 
 std::vector<std::vector<std::string>> rows(const torch::nn::Module& module) {
   std::vector<std::vector<std::string>> out;
-  for (const auto& [key, tensor] : amp::state_dict(module)) out.push_back(row(key, tensor));
+  for (const auto& entry : amp::state_dict(module)) out.push_back(row(entry.key(), entry.value()));
   return out;
 }
 
@@ -335,4 +314,231 @@ TEST_CASE("Float8 layers' delayed histories and scales travel in the state dict"
   CHECK(rows(*fresh) != saved);
   amp::load_state_dict(*fresh, path.string());
   CHECK(rows(*fresh) == saved);
+}
+
+// ---- optimizers ----
+
+namespace {
+
+// The script's optimizer_for(kind): two groups over two parameters, the second with its own
+// options; amp's fused optimizers against Python's fused ones, LibTorch's SGD and AdamW against
+// Python's single-tensor ones.
+std::unique_ptr<torch::optim::Optimizer> optimizer_for(const std::string& kind,
+                                                       const std::vector<at::Tensor>& params) {
+  using torch::optim::OptimizerParamGroup;
+  std::vector<OptimizerParamGroup> groups;
+  if (kind == "adamw_fused" || kind == "adam_fused") {
+    using amp::optim::FusedAdamOptions;
+    using amp::optim::FusedAdamWOptions;
+    groups.emplace_back(std::vector<at::Tensor>{params[0]});
+    if (kind == "adam_fused") {
+      groups.emplace_back(
+          std::vector<at::Tensor>{params[1]},
+          std::make_unique<FusedAdamOptions>(FusedAdamOptions(0.5).weight_decay(0.0)));
+      return std::make_unique<amp::optim::FusedAdam>(
+          std::move(groups),
+          FusedAdamOptions(0.01).betas({0.8, 0.95}).weight_decay(0.01).amsgrad(true));
+    }
+    groups.emplace_back(
+        std::vector<at::Tensor>{params[1]},
+        std::make_unique<FusedAdamWOptions>(FusedAdamWOptions(0.5).weight_decay(0.0)));
+    return std::make_unique<amp::optim::FusedAdamW>(
+        std::move(groups), FusedAdamWOptions(0.01).betas({0.8, 0.95}).weight_decay(0.01));
+  }
+  if (kind == "adamw") {
+    using torch::optim::AdamWOptions;
+    groups.emplace_back(std::vector<at::Tensor>{params[0]});
+    groups.emplace_back(
+        std::vector<at::Tensor>{params[1]},
+        std::make_unique<AdamWOptions>(AdamWOptions(0.5).betas({0.8, 0.95}).weight_decay(0.0)));
+    return std::make_unique<torch::optim::AdamW>(
+        std::move(groups), AdamWOptions(0.01).betas({0.8, 0.95}).weight_decay(0.01));
+  }
+  groups.emplace_back(std::vector<at::Tensor>{params[0]});
+  if (kind == "sgd_fused") {
+    using amp::optim::FusedSGDOptions;
+    groups.emplace_back(std::vector<at::Tensor>{params[1]},
+                        std::make_unique<FusedSGDOptions>(FusedSGDOptions(0.5).momentum(0.5)));
+    return std::make_unique<amp::optim::FusedSGD>(
+        std::move(groups), FusedSGDOptions(0.1).momentum(0.9).weight_decay(0.01));
+  }
+  REQUIRE(kind == "sgd");
+  using torch::optim::SGDOptions;
+  groups.emplace_back(
+      std::vector<at::Tensor>{params[1]},
+      std::make_unique<SGDOptions>(SGDOptions(0.5).momentum(0.5).weight_decay(0.01)));
+  return std::make_unique<torch::optim::SGD>(std::move(groups),
+                                             SGDOptions(0.1).momentum(0.9).weight_decay(0.01));
+}
+
+std::vector<at::Tensor> tensors_of(const c10::IValue& list) {
+  std::vector<at::Tensor> out;
+  for (const c10::IValue& item : list.toListRef()) out.push_back(item.toTensor());
+  return out;
+}
+
+void set_grads(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads) {
+  for (std::size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[i].clone();
+}
+
+// The parameters' and the state's rows, as the script prints them, sorted.
+std::vector<std::vector<std::string>> optimizer_rows(const std::vector<at::Tensor>& params,
+                                                     const torch::optim::Optimizer& optimizer) {
+  std::vector<std::vector<std::string>> out;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    out.push_back(row("param." + std::to_string(i), params[i]));
+  }
+  for (const auto& entry :
+       amp::optimizer_state_dict(optimizer).toGenericDict().at("state").toGenericDict()) {
+    for (const auto& field : entry.value().toGenericDict()) {
+      if (!field.value().isTensor()) continue;
+      out.push_back(
+          row("state." + std::to_string(entry.key().toInt()) + "." + field.key().toStringRef(),
+              field.value().toTensor()));
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::vector<std::string>> sorted(std::vector<std::vector<std::string>> rows) {
+  std::sort(rows.begin(), rows.end());
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("An optimizer's state saved by Python resumes in C++, the next step bit for bit",
+          "[serialize][state_dict][optim][python]") {
+  const std::string kind = GENERATE("adamw_fused", "adam_fused", "sgd_fused", "sgd");
+  CAPTURE(kind);
+  amp_test::TempDir dir("optimizer_state");
+  const auto path = dir.path() / "resume.pt";
+  const auto expected = python("optimizer-resume " + kind + " " + quoted(path));
+  const auto saved = amp::load_pickled(path.string()).toGenericDict();
+  std::vector<at::Tensor> params;
+  for (const at::Tensor& p : tensors_of(saved.at("params"))) {
+    params.push_back(p.clone().requires_grad_(true));
+  }
+  auto optimizer = optimizer_for(kind, params);
+  // The options come from the file: different ones at construction are replaced.
+  amp::load_optimizer_state_dict(*optimizer, saved.at("optimizer"));
+  set_grads(params, tensors_of(saved.at("grad3")));
+  optimizer->step();
+  CHECK(optimizer_rows(params, *optimizer) == sorted(expected));
+}
+
+TEST_CASE("An optimizer's state saved by amp resumes in Python, the next step bit for bit",
+          "[serialize][state_dict][optim][python]") {
+  const std::string kind = GENERATE("adamw_fused", "adam_fused", "sgd_fused", "sgd");
+  CAPTURE(kind);
+  torch::manual_seed(21);
+  std::vector<at::Tensor> params = {torch::randn({3, 2}).requires_grad_(true),
+                                    torch::randn({4}).requires_grad_(true)};
+  auto optimizer = optimizer_for(kind, params);
+  const auto grads = [&](int step) {
+    torch::manual_seed(200 + step);
+    return std::vector<at::Tensor>{torch::randn({3, 2}), torch::randn({4})};
+  };
+  for (int step = 1; step <= 2; ++step) {
+    set_grads(params, grads(step));
+    optimizer->step();
+  }
+  c10::impl::GenericList saved_params(c10::TensorType::get()), grad3(c10::TensorType::get());
+  for (const auto& p : params) saved_params.push_back(p.detach().clone());
+  for (const auto& g : grads(3)) grad3.push_back(g);
+  c10::impl::GenericDict file(c10::StringType::get(), c10::AnyType::get());
+  file.insert("params", saved_params);
+  file.insert("optimizer", amp::optimizer_state_dict(*optimizer));
+  file.insert("grad3", grad3);
+  amp_test::TempDir dir("optimizer_state");
+  const auto path = dir.path() / "resume.pt";
+  amp::save_pickled(file, path.string());
+  set_grads(params, grads(3));
+  optimizer->step();
+  CHECK(sorted(python("optimizer-continue " + kind + " " + quoted(path))) ==
+        optimizer_rows(params, *optimizer));
+}
+
+TEST_CASE("LibTorch's AdamW takes Python's AdamW state and a file of other groups is refused",
+          "[serialize][state_dict][optim][python]") {
+  amp_test::TempDir dir("optimizer_state");
+  const auto path = dir.path() / "resume.pt";
+  python("optimizer-resume adamw " + quoted(path));
+  const auto saved = amp::load_pickled(path.string()).toGenericDict();
+  std::vector<at::Tensor> params;
+  for (const at::Tensor& p : tensors_of(saved.at("params"))) {
+    params.push_back(p.clone().requires_grad_(true));
+  }
+  auto optimizer = optimizer_for("adamw", params);
+  amp::load_optimizer_state_dict(*optimizer, saved.at("optimizer"));
+  // The state and the options are Python's (LibTorch's AdamW step itself is not bit for bit
+  // Python's unfused one, so no step is compared here).
+  const auto state = amp::optimizer_state_dict(*optimizer).toGenericDict();
+  const auto python_state = saved.at("optimizer").toGenericDict();
+  for (int64_t index : {0, 1}) {
+    const auto mine = state.at("state").toGenericDict().at(index).toGenericDict();
+    const auto theirs = python_state.at("state").toGenericDict().at(index).toGenericDict();
+    for (const char* key : {"step", "exp_avg", "exp_avg_sq"}) {
+      INFO(index << " " << key);
+      CHECK(row(key, mine.at(key).toTensor()) == row(key, theirs.at(key).toTensor()));
+    }
+  }
+  const auto group1 = state.at("param_groups").toList().get(1).toGenericDict();
+  CHECK(group1.at("lr").toDouble() == 0.5);
+  CHECK(group1.at("weight_decay").toDouble() == 0.0);
+
+  // One parameter fewer in the second group: refused naming the group, amp's optimizer unchanged.
+  auto fused = optimizer_for("adamw_fused", params);
+  const auto before = optimizer_rows(params, *fused);
+  auto fewer = python_state.copy();
+  auto groups = fewer.at("param_groups").toList().copy();
+  auto second = groups.get(1).toGenericDict().copy();
+  second.insert_or_assign("params", c10::impl::GenericList(c10::IntType::get()));
+  groups.set(1, second);
+  fewer.insert_or_assign("param_groups", groups);
+  CHECK_THROWS_WITH(amp::load_optimizer_state_dict(*fused, fewer),
+                    Contains("group 1 of the checkpoint has 0 parameters but this optimizer's "
+                             "group 1 has 1"));
+  CHECK(optimizer_rows(params, *fused) == before);
+  CHECK_THROWS_WITH(amp::load_optimizer_state_dict(*fused, c10::IValue(int64_t{3})),
+                    Contains("load_optimizer_state_dict: it is a Int; the state is not an "
+                             "optimizer's state_dict()"));
+}
+
+TEST_CASE(
+    "One training checkpoint (model, optimizer, scaler, step) moves from Python to C++ and "
+    "back",
+    "[serialize][state_dict][optim][python]") {
+  amp_test::TempDir dir("checkpoint_dict");
+  const auto from_python = dir.path() / "python.pt";
+  const auto from_cpp = dir.path() / "cpp.pt";
+  const auto expected = python("checkpoint-write " + quoted(from_python));
+  torch::manual_seed(1);
+  torch::nn::Sequential model(torch::nn::Linear(4, 8),
+                              torch::nn::LayerNorm(torch::nn::LayerNormOptions({8})),
+                              torch::nn::Linear(8, 3));
+  amp::optim::FusedAdamW optimizer(model->parameters(), amp::optim::FusedAdamWOptions(0.5));
+  amp::GradScaler scaler(c10::DeviceType::CPU);
+
+  const auto checkpoint = amp::load_pickled(from_python.string()).toGenericDict();
+  amp::load_state_dict(*model, checkpoint.at("model"));
+  amp::load_optimizer_state_dict(optimizer, checkpoint.at("optimizer"));
+  scaler.load_state_dict(checkpoint.at("scaler").toGenericDict());
+  CHECK(checkpoint.at("step").toInt() == 7);
+  CHECK(scaler.get_scale() == 1024.0);  // two finite steps, growth every 3
+  std::vector<std::vector<std::string>> model_rows;
+  for (const auto& r : rows(*model)) {
+    model_rows.push_back({"model." + r[0], r[1], r[2], r[3]});
+  }
+  CHECK(std::vector(expected.begin(), expected.begin() + model_rows.size()) == model_rows);
+
+  c10::impl::GenericDict written(c10::StringType::get(), c10::AnyType::get());
+  written.insert("model", amp::state_dict(*model));
+  written.insert("optimizer", amp::optimizer_state_dict(optimizer));
+  written.insert("scaler", scaler.state_dict());
+  written.insert("step", int64_t{7});
+  amp::save_pickled(written, from_cpp.string());
+  // Python loads amp's file into its own model, AdamW and GradScaler: every entry as it wrote.
+  CHECK(python("checkpoint-read " + quoted(from_cpp)) == expected);
 }

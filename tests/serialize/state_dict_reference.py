@@ -5,6 +5,16 @@ reads the ones amp writes, printing what it saw as tab-separated lines.
   read MODEL PATH       torch.load(PATH, weights_only=True), model.load_state_dict(strict=True);
                         prints the model's rows after the load
   optimizer PATH        torch.save(AdamW(...).state_dict()) after two steps; prints its rows
+  optimizer-resume KIND PATH     two steps of KIND's optimizer over two seeded parameters in two
+                        groups; saves {"params", "optimizer", "grad3"} to PATH; a third step
+                        with grad3; prints the parameters' and the state's rows
+  optimizer-continue KIND PATH  the same file (written by amp): the parameters and state loaded
+                        into KIND's optimizer, a step with grad3; prints the same rows
+  checkpoint-write PATH two steps of a Linear-LayerNorm-Linear model with AdamW(fused=True) and
+                        a GradScaler under CPU bf16 autocast; torch.save({"model", "optimizer",
+                        "scaler", "step"}, PATH); prints the checkpoint's rows
+  checkpoint-read PATH  the same objects built afresh, each loaded from PATH (weights_only=True);
+                        prints the same rows
   values PATH           torch.load(PATH, weights_only=True) of a dict; prints a row per tensor
                         entry and `key, repr(value)` per other entry
 
@@ -39,6 +49,61 @@ def model(name):
         m.register_buffer("extra", torch.zeros(2))
         return m
     raise SystemExit(f"unknown model {name}")
+
+
+def optimizer_for(kind, params):
+    """KIND's optimizer over two groups (the second with its own options); amp's tests build the
+    same in C++."""
+    if kind in ("adamw_fused", "adamw", "adam_fused"):
+        groups = [{"params": [params[0]]}, {"params": [params[1]], "lr": 0.5, "weight_decay": 0.0}]
+        if kind == "adam_fused":
+            return torch.optim.Adam(groups, lr=0.01, betas=(0.8, 0.95), weight_decay=0.01,
+                                    amsgrad=True, fused=True)
+        return torch.optim.AdamW(groups, lr=0.01, betas=(0.8, 0.95), weight_decay=0.01,
+                                 fused=kind == "adamw_fused", foreach=False)
+    if kind in ("sgd_fused", "sgd"):
+        groups = [{"params": [params[0]]}, {"params": [params[1]], "lr": 0.5, "momentum": 0.5}]
+        return torch.optim.SGD(groups, lr=0.1, momentum=0.9, weight_decay=0.01,
+                               fused=kind == "sgd_fused", foreach=False)
+    raise SystemExit(f"unknown optimizer kind {kind}")
+
+
+def grads_of_step(params, step):
+    torch.manual_seed(100 + step)
+    return [torch.randn(p.shape) for p in params]
+
+
+def print_optimizer_rows(params, opt):
+    for i, p in enumerate(params):
+        row(f"param.{i}", p)
+    for index, entries in opt.state_dict()["state"].items():
+        for key, t in entries.items():
+            if isinstance(t, torch.Tensor):
+                row(f"state.{index}.{key}", t)
+
+
+def checkpoint_objects():
+    torch.manual_seed(8)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8),
+                                torch.nn.Linear(8, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.8, 0.95), fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=3)
+    return model, opt, scaler
+
+
+def print_checkpoint_rows(model, opt, scaler, step):
+    for key, t in model.state_dict().items():
+        row(f"model.{key}", t)
+    state = opt.state_dict()
+    for index, entries in state["state"].items():
+        for key, t in entries.items():
+            row(f"optimizer.{index}.{key}", t)
+    for g, group in enumerate(state["param_groups"]):
+        for key in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "fused", "params"):
+            print(f"group.{g}.{key}\t{group[key]!r}")
+    for key, value in scaler.state_dict().items():
+        print(f"scaler.{key}\t{value!r}")
+    print(f"step\t{step!r}")
 
 
 def row(key, t):
@@ -80,6 +145,52 @@ def main():
         for g, group in enumerate(state["param_groups"]):
             for key, value in group.items():
                 print(f"group.{g}.{key}\t{value!r}")
+    elif command == "optimizer-resume":
+        kind, path = args
+        torch.manual_seed(5)
+        params = [torch.randn(3, 2, requires_grad=True), torch.randn(4, requires_grad=True)]
+        opt = optimizer_for(kind, params)
+        for step in (1, 2):
+            for p, g in zip(params, grads_of_step(params, step)):
+                p.grad = g
+            opt.step()
+        grad3 = grads_of_step(params, 3)
+        torch.save({"params": [p.detach() for p in params], "optimizer": opt.state_dict(),
+                    "grad3": grad3}, path)
+        for p, g in zip(params, grad3):
+            p.grad = g
+        opt.step()
+        print_optimizer_rows(params, opt)
+    elif command == "optimizer-continue":
+        kind, path = args
+        saved = torch.load(path, weights_only=True)
+        params = [p.clone().requires_grad_(True) for p in saved["params"]]
+        opt = optimizer_for(kind, params)
+        opt.load_state_dict(saved["optimizer"])
+        for p, g in zip(params, saved["grad3"]):
+            p.grad = g
+        opt.step()
+        print_optimizer_rows(params, opt)
+    elif command == "checkpoint-write":
+        net, opt, scaler = checkpoint_objects()
+        for step in range(2):
+            torch.manual_seed(40 + step)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = net(torch.randn(5, 4)).float().square().mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        torch.save({"model": net.state_dict(), "optimizer": opt.state_dict(),
+                    "scaler": scaler.state_dict(), "step": 7}, args[0])
+        print_checkpoint_rows(net, opt, scaler, 7)
+    elif command == "checkpoint-read":
+        net, opt, scaler = checkpoint_objects()
+        saved = torch.load(args[0], weights_only=True)
+        net.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        scaler.load_state_dict(saved["scaler"])
+        print_checkpoint_rows(net, opt, scaler, saved["step"])
     elif command == "values":
         for key, value in torch.load(args[0], weights_only=True).items():
             if isinstance(value, torch.Tensor):
