@@ -1,5 +1,6 @@
 // Autocast regions for LibTorch: an RAII guard with torch.autocast's semantics, a functional form,
-// and capture/apply of the thread-local autocast state for worker threads.
+// capture/apply of the thread-local autocast state for worker threads, and eager autocast for
+// TorchScript modules.
 #pragma once
 
 #include <c10/core/DeviceType.h>
@@ -13,6 +14,10 @@
 #include <vector>
 
 #include <amp/export.h>
+
+namespace torch::jit {
+struct Module;
+}  // namespace torch::jit
 
 namespace amp {
 
@@ -246,5 +251,42 @@ class AMP_EXPORT AutocastStateGuard {
  private:
   AutocastState previous_;
 };
+
+/// While it lives, TorchScript modules (torch::jit::load of torch.jit.script or torch.jit.trace)
+/// run under an autocast region exactly as eager code does, forward and backward, on every call:
+/// the graph executor runs each op through the dispatcher (no optimised plan, no differentiable
+/// subgraphs, no re-specialisation after the first call) and the JIT's own autocast pass, whose
+/// op lists differ from eager autocast's (it leaves a convolution's bias in float32,
+/// pytorch/pytorch#140279), is off. Without it a loaded module under AutocastGuard gives other
+/// bits, and its second call's backward can throw. Use it around the calls (and, for a traced
+/// module, prepare_for_autocast once after loading):
+///   amp::ScriptAutocastGuard script_autocast;
+///   amp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+///   auto out = module.forward({x}).toTensor();
+/// The executor setting is per thread; the JIT autocast pass setting is process-wide, so guards
+/// on several threads nest (the last one to end restores it). Non-copyable, non-movable; the
+/// destructor never throws. Costs: each op is interpreted, as in Python's eager mode.
+class AMP_EXPORT ScriptAutocastGuard {
+ public:
+  ScriptAutocastGuard();
+  ~ScriptAutocastGuard();
+
+  ScriptAutocastGuard(const ScriptAutocastGuard&) = delete;
+  ScriptAutocastGuard& operator=(const ScriptAutocastGuard&) = delete;
+  ScriptAutocastGuard(ScriptAutocastGuard&&) = delete;
+  ScriptAutocastGuard& operator=(ScriptAutocastGuard&&) = delete;
+
+ private:
+  bool previous_optimize_;
+};
+
+/// Rewrites the ops torch.jit.trace records below the ones eager autocast casts at back into
+/// those: aten::_convolution into aten::conv1d/conv2d/conv3d/conv_transpose*d (autocast's CPU and
+/// CUDA lists name the latter), in every method of `module` and its submodules. Call once after
+/// torch::jit::load, before the first call; with ScriptAutocastGuard a traced module then gives
+/// eager autocast's bits. A scripted module keeps Python's ops and needs no rewrite (it is
+/// unchanged by one). The declaration takes the module opaquely, so that this header does not
+/// pull in TorchScript: include <torch/script.h> where you call it.
+AMP_EXPORT void prepare_for_autocast(torch::jit::Module& module);
 
 }  // namespace amp
