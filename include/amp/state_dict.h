@@ -78,7 +78,11 @@ AMP_EXPORT void save_state_dict(const torch::nn::Module& module, const std::stri
 /// LibTorch optimizer that saves in LibTorch's optimizer layout: LibTorch's Adam, AdamW and SGD,
 /// and amp's FusedAdam, FusedAdamW, FusedSGD and FusedLion, whose extra options
 /// (`master_weights`, `rounding_seed`, ...) and state (`master_weight`, `kahan_comp`) travel
-/// under their own names, which Python keeps.
+/// under their own names, which Python keeps and ignores. Python's `load_state_dict` casts every
+/// state tensor but `step` to its parameter's dtype: a float32 master copy (or float32 moments)
+/// of a bf16 parameter comes back from a Python optimizer rounded to bf16 (amp takes it back as
+/// float32, rounded); Kahan compensation, in the parameter's dtype, comes back as it went, and a
+/// file only read and written again by Python keeps everything.
 /// Errors: c10::Error when the optimizer's own save fails.
 AMP_EXPORT c10::IValue optimizer_state_dict(const torch::optim::Optimizer& optimizer);
 
@@ -86,7 +90,8 @@ AMP_EXPORT c10::IValue optimizer_state_dict(const torch::optim::Optimizer& optim
 /// optimizer_state_dict's value) into `optimizer` through the optimizer's own load: each saved
 /// group's options and each parameter's state by position, as Python matches them. Python's
 /// `None` entries (an SGD step without momentum, `foreach`) are left out; int options become
-/// floats (Python's `weight_decay=0`), but for `rounding_seed`.
+/// floats where LibTorch reads a double (`lr`, `eps`, `weight_decay`, `momentum`, `dampening`:
+/// Python's `weight_decay=0`).
 /// Errors: c10::Error: `state` is not such a dict (naming what is wrong), or the optimizer's load
 ///   refuses it (another group count or group size, naming the group; a state it cannot take).
 ///   amp's optimizers are then unchanged; LibTorch's own load checks sizes before it changes

@@ -421,8 +421,12 @@ void save_state_dict(const torch::nn::Module& module, const std::string& path) {
 
 namespace {
 
-// The options Python keeps as ints; every other int option is a float LibTorch reads as double.
-bool int_option(const std::string& key) { return key == "rounding_seed"; }
+// The options LibTorch's optimizers read as doubles, which Python may hold as ints
+// (`weight_decay=0`); other ints (amp's `rounding_seed`, `state_dtype`) stay ints.
+bool float_option(const std::string& key) {
+  return key == "lr" || key == "eps" || key == "weight_decay" || key == "momentum" ||
+         key == "dampening";
+}
 
 // An archive as the optimizer's load reads it: written, then read back.
 torch::serialize::InputArchive reread(torch::serialize::OutputArchive& archive) {
@@ -592,7 +596,7 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
       const std::string& name = option.key().toStringRef();
       const c10::IValue& value = option.value();
       if (name == "params" || value.isNone()) continue;
-      if (value.isInt() && !int_option(name)) {
+      if (value.isInt() && float_option(name)) {
         options.write(name, c10::IValue(static_cast<double>(value.toInt())));
       } else if (value.isList()) {
         // Python writes betas as a tuple; a list (from JSON-edited files) reads the same.

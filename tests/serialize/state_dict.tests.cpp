@@ -542,3 +542,61 @@ TEST_CASE(
   // Python loads amp's file into its own model, AdamW and GradScaler: every entry as it wrote.
   CHECK(python("checkpoint-read " + quoted(from_cpp)) == expected);
 }
+
+TEST_CASE("Master weights and Kahan compensation go through Python's files and optimizers",
+          "[serialize][state_dict][optim][python]") {
+  const bool master = GENERATE(true, false);
+  const std::string how = GENERATE("file", "optimizer");
+  CAPTURE(master, how);
+  torch::manual_seed(31);
+  std::vector<at::Tensor> params = {torch::randn({4, 3}).to(torch::kBFloat16).requires_grad_(true),
+                                    torch::randn({5}).to(torch::kBFloat16).requires_grad_(true)};
+  const auto options =
+      amp::optim::FusedAdamWOptions(0.01).master_weights(master).kahan_summation(!master);
+  amp::optim::FusedAdamW trained(params, options);
+  for (int step = 0; step < 2; ++step) {
+    for (auto& p : params) p.mutable_grad() = torch::randn(p.sizes()).to(torch::kBFloat16);
+    trained.step();
+  }
+  const std::string key = master ? "master_weight" : "kahan_comp";
+  const auto state_rows = [&key](const torch::optim::Optimizer& opt) {
+    std::vector<std::vector<std::string>> out;
+    for (const auto& entry : opt.state()) {
+      const auto& s = static_cast<const amp::optim::FusedAdamParamState&>(*entry.second);
+      out.push_back(row(key, key == "master_weight" ? s.master_weight() : s.kahan_comp()));
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const auto before = state_rows(trained);
+  REQUIRE(before.size() == 2);
+  CHECK(before[0][1] == (master ? "float32" : "bfloat16"));
+
+  amp_test::TempDir dir("optimizer_state");
+  c10::impl::GenericList saved_params(c10::TensorType::get());
+  for (const auto& p : params) saved_params.push_back(p.detach().clone());
+  c10::impl::GenericDict file(c10::StringType::get(), c10::AnyType::get());
+  file.insert("params", saved_params);
+  file.insert("optimizer", amp::optimizer_state_dict(trained));
+  amp::save_pickled(file, (dir.path() / "amp.pt").string());
+  python("optimizer-roundtrip " + quoted(dir.path() / "amp.pt") + " " +
+         quoted(dir.path() / "python.pt") + " " + how);
+  const c10::IValue back = amp::load_pickled((dir.path() / "python.pt").string());
+
+  amp::optim::FusedAdamW resumed(params, options);
+  amp::load_optimizer_state_dict(resumed, back.toGenericDict().at("optimizer"));
+  if (master && how == "optimizer") {
+    // Python's load_state_dict casts every state tensor to its parameter's dtype: the float32
+    // master copies come back rounded to bf16 (amp takes them as float32 again).
+    std::vector<std::vector<std::string>> rounded;
+    for (const auto& entry : trained.state()) {
+      const auto& s = static_cast<const amp::optim::FusedAdamParamState&>(*entry.second);
+      rounded.push_back(row(key, s.master_weight().to(torch::kBFloat16).to(torch::kFloat)));
+    }
+    std::sort(rounded.begin(), rounded.end());
+    CHECK(rounded != before);
+    CHECK(state_rows(resumed) == rounded);
+  } else {
+    CHECK(state_rows(resumed) == before);
+  }
+}

@@ -10,6 +10,9 @@ reads the ones amp writes, printing what it saw as tab-separated lines.
                         with grad3; prints the parameters' and the state's rows
   optimizer-continue KIND PATH  the same file (written by amp): the parameters and state loaded
                         into KIND's optimizer, a step with grad3; prints the same rows
+  optimizer-roundtrip IN OUT HOW  amp's file IN ({"params", "optimizer"}) saved again to OUT,
+                        untouched: loaded (HOW "file") or also loaded into torch.optim.AdamW
+                        over IN's (bf16) parameters and taken back from it (HOW "optimizer")
   checkpoint-write PATH two steps of a Linear-LayerNorm-Linear model with AdamW(fused=True) and
                         a GradScaler under CPU bf16 autocast; torch.save({"model", "optimizer",
                         "scaler", "step"}, PATH); prints the checkpoint's rows
@@ -171,6 +174,14 @@ def main():
             p.grad = g
         opt.step()
         print_optimizer_rows(params, opt)
+    elif command == "optimizer-roundtrip":
+        saved = torch.load(args[0], weights_only=True)
+        if args[2] == "optimizer":
+            params = [p.clone().requires_grad_(True) for p in saved["params"]]
+            opt = torch.optim.AdamW(params)
+            opt.load_state_dict(saved["optimizer"])
+            saved = {"params": params, "optimizer": opt.state_dict()}
+        torch.save(saved, args[1])
     elif command == "checkpoint-write":
         net, opt, scaler = checkpoint_objects()
         for step in range(2):
