@@ -86,6 +86,20 @@ class PickledReader {
       : file_(file), archive_(archive) {}
 
   c10::IValue convert(const PickledValue& value) {
+    // A container the pickle references several times (memo) converts once and is shared, as
+    // in Python: a pickle of lists that each hold the previous one twice stays linear.
+    if (value.items) {
+      const auto done = containers_.find(value.items.get());
+      if (done != containers_.end()) return done->second;
+      c10::IValue converted = convert_new(value);
+      containers_.emplace(value.items.get(), converted);
+      return converted;
+    }
+    return convert_new(value);
+  }
+
+ private:
+  c10::IValue convert_new(const PickledValue& value) {
     using Kind = PickledValue::Kind;
     switch (value.kind) {
       case Kind::kNone:
@@ -131,7 +145,6 @@ class PickledReader {
     return c10::IValue();
   }
 
- private:
   at::Tensor tensor(const PickledTensor& t) {
     const std::optional<c10::ScalarType> dtype = scalar_type_named(t.dtype);
     if (!dtype)
@@ -160,7 +173,8 @@ class PickledReader {
 
   std::string_view file_;
   const detail::ArchiveDirectory& archive_;
-  std::map<std::string, at::Tensor> storages_;  // by key: views of one storage share it
+  std::map<std::string, at::Tensor> storages_;     // by key: views of one storage share it
+  std::map<const void*, c10::IValue> containers_;  // by PickledValue::items
 };
 
 [[noreturn]] void refuse_file(const std::string& path, const std::string& what) {

@@ -600,3 +600,19 @@ TEST_CASE("Master weights and Kahan compensation go through Python's files and o
     CHECK(state_rows(resumed) == before);
   }
 }
+
+TEST_CASE("A value the pickle refers to many times is read once and shared, as in Python",
+          "[serialize][state_dict][python]") {
+  // 60 levels of [previous, previous]: 2^60 paths to one tensor, a few hundred pickle bytes.
+  amp_test::TempDir dir("state_dict");
+  const auto path = dir.path() / "shared.pt";
+  python("shared " + quoted(path));
+  c10::IValue value = amp::load_pickled(path.string());
+  for (int level = 0; level < 60; ++level) {
+    const auto list = value.toList();
+    REQUIRE(list.size() == 2);
+    CHECK(list.get(0).isSameIdentity(list.get(1)));
+    value = list.get(0);
+  }
+  CHECK(torch::equal(value.toList().get(0).toTensor(), torch::ones({2})));
+}

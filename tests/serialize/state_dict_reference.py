@@ -18,6 +18,7 @@ reads the ones amp writes, printing what it saw as tab-separated lines.
                         "scaler", "step"}, PATH); prints the checkpoint's rows
   checkpoint-read PATH  the same objects built afresh, each loaded from PATH (weights_only=True);
                         prints the same rows
+  shared PATH           torch.save of lists nested 60 deep, each holding the previous one twice
   values PATH           torch.load(PATH, weights_only=True) of a dict; prints a row per tensor
                         entry and `key, repr(value)` per other entry
 
@@ -202,6 +203,11 @@ def main():
         opt.load_state_dict(saved["optimizer"])
         scaler.load_state_dict(saved["scaler"])
         print_checkpoint_rows(net, opt, scaler, saved["step"])
+    elif command == "shared":
+        nested = [torch.ones(2)]
+        for _ in range(60):
+            nested = [nested, nested]  # the pickle holds each list once and refers to it twice
+        torch.save(nested, args[0])
     elif command == "values":
         for key, value in torch.load(args[0], weights_only=True).items():
             if isinstance(value, torch.Tensor):
