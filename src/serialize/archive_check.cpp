@@ -13,8 +13,8 @@ namespace amp::detail {
 using archive_text::ends_with;
 using archive_text::starts_with;
 
-void check_archive(std::string_view file) {
-  const ArchiveDirectory archive = read_archive_directory(file, 0xfffe);
+ArchiveDirectory check_archive(std::string_view file) {
+  ArchiveDirectory archive = read_archive_directory(file, 0xfffe);
   for (const ZipEntry& entry : archive.entries) {
     if (entry.method != 0 && entry.method != 8) {
       fail_at(kWholeFile, entry.record_offset, "zip entry ", quoted(entry.name),
@@ -62,6 +62,7 @@ void check_archive(std::string_view file) {
       entry_bytes(file, entry, kMaxArchiveRecordSize, "an archive's record", inflated);
     }
   }
+  return archive;
 }
 
 }  // namespace amp::detail

@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "serialize/reader_error.h"
+#include "serialize/zip_directory.h"
 
 namespace amp::detail {
 
@@ -46,7 +47,8 @@ using ArchiveRecordSize = std::function<std::optional<std::uint64_t>(std::string
 /// accepted by check_archive_pickle; every `<d>/code/**.py` entry accepted by
 /// check_archive_code after inflating, its CRC-32 right; `<d>/version` a decimal number; tensor
 /// data entries (`<d>/data/*`, `<d>/constants/*`) stored.
-void check_archive(std::string_view file);
+/// Returns the archive's directory, for a reader that goes on to read the entries it checked.
+ArchiveDirectory check_archive(std::string_view file);
 
 /// Checks one pickle of an archive (`entry_name` is used in messages). Accepts protocols 2 to 5
 /// with the opcodes LibTorch's pickler writes: PROTO, FRAME, STOP, MARK, memo opcodes (indices

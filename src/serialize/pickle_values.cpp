@@ -73,9 +73,10 @@ constexpr SavedDtype kDtypes[] = {
     {"uint64", "uint64", false, 8},
 };
 
-// What the machine's stack holds besides PickledValues: MARKs, imported names, storages.
+// What the machine's stack holds besides PickledValues: MARKs, imported names, storages, and a
+// tensor rebuild's arguments (a tuple holding a storage and maybe a dtype, which no value holds).
 struct Item {
-  enum class Kind { kValue, kMark, kGlobal, kStorage };
+  enum class Kind { kValue, kMark, kGlobal, kStorage, kRebuildArgs };
   Kind kind = Kind::kValue;
   PickledValue value;
   // kGlobal: what it names; kStorage: the record.
@@ -84,6 +85,7 @@ struct Item {
   const Dtype* dtype = nullptr;  // kStorageType, kDtype; kStorage (null: untyped)
   std::string key, location;     // kStorage
   std::uint64_t numel = 0;       // kStorage: in its dtype's elements, or bytes when untyped
+  std::shared_ptr<const std::vector<Item>> args;  // kRebuildArgs
 };
 
 const char* item_name(const Item& item) {
@@ -94,6 +96,8 @@ const char* item_name(const Item& item) {
       return "an imported name";
     case Item::Kind::kStorage:
       return "a tensor storage";
+    case Item::Kind::kRebuildArgs:
+      return "a tensor rebuild's arguments";
     default:
       return describe_kind(item.value.kind);
   }
@@ -275,6 +279,10 @@ class TorchPickleEvaluator : PickleCursor {
     const Item callable = pop(at);
     if (callable.kind != Item::Kind::kGlobal) fail_at(at, "REDUCE calls ", item_name(callable));
     if (callable.global == Item::Global::kOrderedDict) {
+      if (args.kind != Item::Kind::kValue || args.value.kind != PickledValue::Kind::kTuple ||
+          !args.value.items->empty()) {
+        fail_at(at, "OrderedDict is called with arguments");
+      }
       PickledValue dict = container(PickledValue::Kind::kDict);
       dict.ordered_dict = true;
       stack_.push_back(value_item(std::move(dict)));
@@ -284,14 +292,11 @@ class TorchPickleEvaluator : PickleCursor {
         callable.global != Item::Global::kRebuildV3) {
       fail_at(at, "REDUCE calls a storage or dtype");
     }
-    // The arguments' tuple was built by tuple_args (it holds a storage and maybe a dtype).
-    if (args.kind != Item::Kind::kValue || !pending_args_) {
-      fail_at(at, "REDUCE's arguments are not a tuple");
+    if (args.kind != Item::Kind::kRebuildArgs) {
+      fail_at(at, "a tensor is rebuilt from ", item_name(args), " rather than its storage's tuple");
     }
-    std::vector<Item> items = std::move(*pending_args_);
-    pending_args_.reset();
     stack_.push_back(
-        value_item(rebuild_tensor(at, items, callable.global == Item::Global::kRebuildV3)));
+        value_item(rebuild_tensor(at, *args.args, callable.global == Item::Global::kRebuildV3)));
   }
 
   void step(const PickleOp& op) {
@@ -413,7 +418,7 @@ class TorchPickleEvaluator : PickleCursor {
   }
 
   // A tuple of values, a tensor record (kept as an Item), or the arguments of a tensor rebuild
-  // (which hold a storage and maybe a dtype: kept aside for the REDUCE that follows).
+  // (which hold a storage and maybe a dtype: an Item for the REDUCE that follows).
   void tuple_or_args(std::size_t at, std::vector<Item> items) {
     bool all_values = true;
     for (const Item& item : items) all_values = all_values && item.kind == Item::Kind::kValue;
@@ -423,9 +428,10 @@ class TorchPickleEvaluator : PickleCursor {
                items[0].kind == Item::Kind::kValue) {
       stack_.push_back(storage_record(at, items));
     } else if (!items.empty() && items[0].kind == Item::Kind::kStorage) {
-      if (pending_args_) fail_at(at, "two tensor rebuilds' arguments are pending");
-      pending_args_ = std::make_unique<std::vector<Item>>(std::move(items));
-      stack_.push_back(value_item(container(PickledValue::Kind::kTuple)));  // a placeholder
+      Item args;
+      args.kind = Item::Kind::kRebuildArgs;
+      args.args = std::make_shared<const std::vector<Item>>(std::move(items));
+      stack_.push_back(std::move(args));
     } else {
       fail_at(at, "a tuple holds a MARK, an imported name or a storage");
     }
@@ -465,7 +471,6 @@ class TorchPickleEvaluator : PickleCursor {
   std::vector<Item> stack_;
   std::vector<std::size_t> marks_;
   std::vector<Item> memo_;
-  std::unique_ptr<std::vector<Item>> pending_args_;
   // Each dict's keys so far ("s<text>", "i<int>"): a repeated key is refused in O(1).
   std::unordered_map<const void*, std::unordered_set<std::string>> dict_keys_;
 };
