@@ -43,8 +43,10 @@ struct StateDictKeys {
 
 /// A module's state as Python's `model.state_dict()` names it: every parameter and buffer by its
 /// fully qualified name ("0.weight", "encoder.norm.running_mean"), parameters of each module
-/// before its buffers, then its children in order, detached. An IValue as it stands: put it in a
-/// checkpoint dict for save_pickled, or pass it to load_state_dict.
+/// before its buffers, then its children in order, detached. An amp::CheckpointWrapper adds no
+/// level ("0.weight", not "0.module.weight"), as its archives and Python's checkpoint_wrapper. An
+/// IValue as it stands: put it in a checkpoint dict for save_pickled, or pass it to
+/// load_state_dict.
 AMP_EXPORT c10::Dict<std::string, at::Tensor> state_dict(const torch::nn::Module& module);
 
 /// Loads `state` (a dict of string to tensor: what load_pickled reads from

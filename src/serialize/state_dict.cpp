@@ -3,6 +3,7 @@
 // to ATen tensors and IValues.
 #include "amp/state_dict.h"
 
+#include <amp/checkpoint.h>
 #include <amp/optim/adam.h>
 #include <amp/optim/sgd.h>
 
@@ -275,9 +276,15 @@ void write_archive(const std::string& path, const std::string& pickle,
   }
 }
 
-// Python's state_dict order: a module's parameters, then its buffers, then each child's.
+// Python's state_dict order: a module's parameters, then its buffers, then each child's. A
+// CheckpointWrapper is transparent, as in its archives and in Python's checkpoint_wrapper state
+// dicts: the wrapped module's entries stand at the wrapper's own name.
 void collect(const torch::nn::Module& module, const std::string& prefix,
              std::vector<std::pair<std::string, at::Tensor>>& out) {
+  if (dynamic_cast<const CheckpointWrapperImpl*>(&module) != nullptr) {
+    for (const auto& child : module.named_children()) collect(*child.value(), prefix, out);
+    return;
+  }
   for (const auto& item : module.named_parameters(/*recurse=*/false)) {
     if (item.value().defined()) out.emplace_back(prefix + item.key(), item.value());
   }
@@ -309,8 +316,7 @@ c10::IValue load_pickled(const std::string& path) {
   const auto file = detail::open_checked(path, "a torch.save file", "amp::load_pickled",
                                          "name a file written by torch.save or amp::save_pickled.");
   try {
-    detail::check_archive(file->bytes());
-    const detail::ArchiveDirectory archive = detail::read_archive_directory(file->bytes(), 0xfffe);
+    const detail::ArchiveDirectory archive = detail::check_archive(file->bytes());
     std::string inflated;
     const auto byteorder = archive.by_name.find("byteorder");
     if (byteorder != archive.by_name.end()) {

@@ -1,6 +1,7 @@
 // CheckpointWrapper with the rest of a training loop: a wrapped model saves, loads and clones like
-// the unwrapped one (checkpoints of either load into the other), and a checkpointed model trained
-// with each of amp's optimizers, in float32 and with bf16 weights, gives the plain model's bits.
+// the unwrapped one (checkpoints of either load into the other, LibTorch archives and Python-format
+// state dicts alike), and a checkpointed model trained with each of amp's optimizers, in float32
+// and with bf16 weights, gives the plain model's bits.
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
@@ -15,8 +16,10 @@
 #include <amp/grad_scaler.h>
 #include <amp/low_precision.h>
 #include <amp/optim.h>
+#include <amp/state_dict.h>
 
 #include "support/bits.h"
+#include "support/temp_dir.h"
 
 using amp_test::same_bits;
 using Catch::Contains;
@@ -130,6 +133,56 @@ TEST_CASE("A wrapped float8 model saves and loads its delayed-scaling histories 
   auto wrapped = make(true);
   torch::load(wrapped, stream);
   CHECK(same_values(values(*wrapped), values(*trained)));
+}
+
+TEST_CASE("Python-format state dicts of wrapped float8 models use the plain names both ways",
+          "[interactions][checkpoint][save_load][fp8]") {
+  // amp::save_state_dict / load_state_dict (Python's files) see through CheckpointWrapper as
+  // torch::save does: the plain model's file loads into the wrapped one and back, float8
+  // delayed-scaling histories included.
+  const auto recipe =
+      amp::fp8::Recipe::delayed(amp::fp8::DelayedScalingOptions().amax_history_len(4));
+  const auto make = [&](bool wrap) {
+    torch::manual_seed(33);
+    torch::nn::Sequential seq;
+    for (int k = 0; k < 2; ++k) {
+      amp::fp8::Float8Linear layer(amp::fp8::Float8LinearOptions(16, 16).recipe(recipe));
+      if (wrap) {
+        seq->push_back(amp::CheckpointWrapper(torch::nn::AnyModule(layer)));
+      } else {
+        seq->push_back(layer);
+      }
+    }
+    return seq;
+  };
+  auto plain = make(false);
+  auto wrapped = make(true);
+  std::vector<std::string> plain_names, wrapped_names;
+  for (const auto& entry : amp::state_dict(*plain)) plain_names.push_back(entry.key());
+  for (const auto& entry : amp::state_dict(*wrapped)) wrapped_names.push_back(entry.key());
+  CHECK(wrapped_names == plain_names);
+  CHECK(plain_names[0] == "0.weight");
+
+  {
+    amp::fp8::Float8AutocastGuard float8;
+    for (int k = 0; k < 3; ++k) plain->forward(torch::randn({16, 16}) * (k + 1)).sum().backward();
+  }
+  amp_test::TempDir dir("interactions_state_dict");
+  const std::string plain_file = (dir.path() / "plain.pt").string();
+  amp::save_state_dict(*plain, plain_file);
+  amp::load_state_dict(*wrapped, plain_file);
+  CHECK(same_values(values(*wrapped), values(*plain)));
+
+  // Trained wrapped (checkpointed forward), its file into a fresh plain model.
+  {
+    amp::fp8::Float8AutocastGuard float8;
+    wrapped->forward(torch::randn({16, 16}).requires_grad_(true)).sum().backward();
+  }
+  const std::string wrapped_file = (dir.path() / "wrapped.pt").string();
+  amp::save_state_dict(*wrapped, wrapped_file);
+  auto reloaded = make(false);
+  amp::load_state_dict(*reloaded, wrapped_file);
+  CHECK(same_values(values(*reloaded), values(*wrapped)));
 }
 
 TEST_CASE("A model holding CheckpointWrappers clones, and the clone trains as the original",
