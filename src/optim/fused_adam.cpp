@@ -8,6 +8,7 @@
 
 #include <amp/optim/adam.h>
 
+#include "optim/adam_checks.h"
 #include "optim/field_list.h"
 #include "optim/fused_optimizer.h"
 
@@ -16,20 +17,6 @@ namespace amp::optim {
 namespace {
 
 // ---- the options, for both types ----
-
-template <typename AdamOptions>
-void check_adam(const AdamOptions& options, const std::string& where) {
-  detail::check_finite_at_least(options.lr(), 0.0, "lr", where,
-                                "pass a learning rate such as 1e-3.");
-  detail::check_finite_at_least(options.eps(), 0.0, "eps", where, "the default is 1e-8.");
-  detail::check_finite_at_least(options.weight_decay(), 0.0, "weight_decay", where,
-                                "pass 0 for no weight decay.");
-  const auto [beta1, beta2] = options.betas();
-  TORCH_CHECK(beta1 >= 0.0 && beta1 < 1.0, where,
-              ": betas[0] must be in [0, 1). Got betas[0]=", beta1, "; the default is 0.9.");
-  TORCH_CHECK(beta2 >= 0.0 && beta2 < 1.0, where,
-              ": betas[1] must be in [0, 1). Got betas[1]=", beta2, "; the default is 0.999.");
-}
 
 // The fields of FusedAdamOptions and FusedAdamWOptions: LibTorch's AdamOptions entries first
 // (torch::optim::Adam/AdamW read them), then maximize and capturable, which its archives lack.
@@ -218,7 +205,7 @@ void step_adam_group(StateMap& states, const Options& options, const detail::Gro
       : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {} \
   void Optimizer::check_options(const Optimizer##Options& options, const std::string& where)      \
       const {                                                                                     \
-    check_adam(options, where);                                                                   \
+    detail::check_adam(options, where);                                                           \
   }                                                                                               \
   Optimizer##Options Optimizer::merge_options(const Optimizer##Options& group,                    \
                                               const Optimizer##Options& defaults) const {         \

@@ -5,9 +5,9 @@ One side trains the first k steps and saves the AMP recipe's checkpoint {"model"
 The final model, optimizer state and scaler state must equal the uninterrupted run's, bit for bit.
 
 Scenarios "<optimizer>_python_to_cpp" and "<optimizer>_cpp_to_python", optimizer one of
-adamw_fused (torch.optim.AdamW(fused=True) / amp::optim::FusedAdamW), sgd_fused
-(SGD(fused=True) / FusedSGD) and sgd (SGD(foreach=False) / LibTorch's torch::optim::SGD), momentum
-and weight decay each; "one_flipped_bit_is_caught" is the control. The C++ side is
+adamw_fused (torch.optim.AdamW(fused=True) / amp::optim::FusedAdamW), adamw (AdamW's default
+unfused path / amp::optim::AdamW), sgd_fused (SGD(fused=True) / FusedSGD) and sgd (SGD(foreach=False)
+/ LibTorch's torch::optim::SGD), momentum and weight decay each; "one_flipped_bit_is_caught" is the control. The C++ side is
 resume_parity_driver.cpp.
 """
 import os
@@ -35,9 +35,9 @@ def make_model(device):
 
 
 def make_optimizer(kind, params):
-    if kind == "adamw_fused":
+    if kind in ("adamw_fused", "adamw"):
         return torch.optim.AdamW(params, lr=0.01, betas=(0.9, 0.99), weight_decay=0.01,
-                                 fused=True)
+                                 fused=kind == "adamw_fused", foreach=False)
     return torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=0.01,
                            fused=kind == "sgd_fused", foreach=False)
 

@@ -5,7 +5,8 @@
 //       loads Python's checkpoint and trains steps k..2k-1
 //   amp_resume_parity_driver start KIND DEVICE INPUTS CHECKPOINT FINAL
 //       trains steps 0..k-1 from its own initial weights, writes the checkpoint, trains on
-// then writes {"model", "optimizer", "scaler"} to FINAL. KIND: adamw_fused, sgd_fused or sgd.
+// then writes {"model", "optimizer", "scaler"} to FINAL. KIND: adamw_fused, adamw, sgd_fused
+// or sgd.
 #include <torch/torch.h>
 
 #include <iostream>
@@ -30,6 +31,10 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
   if (kind == "adamw_fused") {
     return std::make_unique<amp::optim::FusedAdamW>(
         params, amp::optim::FusedAdamWOptions(0.01).betas({0.9, 0.99}).weight_decay(0.01));
+  }
+  if (kind == "adamw") {
+    return std::make_unique<amp::optim::AdamW>(
+        params, torch::optim::AdamWOptions(0.01).betas({0.9, 0.99}).weight_decay(0.01));
   }
   if (kind == "sgd_fused") {
     return std::make_unique<amp::optim::FusedSGD>(

@@ -321,8 +321,8 @@ TEST_CASE("Float8 layers' delayed histories and scales travel in the state dict"
 namespace {
 
 // The script's optimizer_for(kind): two groups over two parameters, the second with its own
-// options; amp's fused optimizers against Python's fused ones, LibTorch's SGD and AdamW against
-// Python's single-tensor ones.
+// options; amp's fused optimizers against Python's fused ones, amp::optim::AdamW and LibTorch's SGD
+// and AdamW against Python's single-tensor ones.
 std::unique_ptr<torch::optim::Optimizer> optimizer_for(const std::string& kind,
                                                        const std::vector<at::Tensor>& params) {
   using torch::optim::OptimizerParamGroup;
@@ -345,14 +345,15 @@ std::unique_ptr<torch::optim::Optimizer> optimizer_for(const std::string& kind,
     return std::make_unique<amp::optim::FusedAdamW>(
         std::move(groups), FusedAdamWOptions(0.01).betas({0.8, 0.95}).weight_decay(0.01));
   }
-  if (kind == "adamw") {
+  if (kind == "adamw" || kind == "adamw_libtorch") {
     using torch::optim::AdamWOptions;
     groups.emplace_back(std::vector<at::Tensor>{params[0]});
     groups.emplace_back(
         std::vector<at::Tensor>{params[1]},
         std::make_unique<AdamWOptions>(AdamWOptions(0.5).betas({0.8, 0.95}).weight_decay(0.0)));
-    return std::make_unique<torch::optim::AdamW>(
-        std::move(groups), AdamWOptions(0.01).betas({0.8, 0.95}).weight_decay(0.01));
+    const auto defaults = AdamWOptions(0.01).betas({0.8, 0.95}).weight_decay(0.01);
+    if (kind == "adamw") return std::make_unique<amp::optim::AdamW>(std::move(groups), defaults);
+    return std::make_unique<torch::optim::AdamW>(std::move(groups), defaults);
   }
   groups.emplace_back(std::vector<at::Tensor>{params[0]});
   if (kind == "sgd_fused") {
@@ -410,7 +411,7 @@ std::vector<std::vector<std::string>> sorted(std::vector<std::vector<std::string
 
 TEST_CASE("An optimizer's state saved by Python resumes in C++, the next step bit for bit",
           "[serialize][state_dict][optim][python]") {
-  const std::string kind = GENERATE("adamw_fused", "adam_fused", "sgd_fused", "sgd");
+  const std::string kind = GENERATE("adamw_fused", "adam_fused", "adamw", "sgd_fused", "sgd");
   CAPTURE(kind);
   amp_test::TempDir dir("optimizer_state");
   const auto path = dir.path() / "resume.pt";
@@ -430,7 +431,7 @@ TEST_CASE("An optimizer's state saved by Python resumes in C++, the next step bi
 
 TEST_CASE("An optimizer's state saved by amp resumes in Python, the next step bit for bit",
           "[serialize][state_dict][optim][python]") {
-  const std::string kind = GENERATE("adamw_fused", "adam_fused", "sgd_fused", "sgd");
+  const std::string kind = GENERATE("adamw_fused", "adam_fused", "adamw", "sgd_fused", "sgd");
   CAPTURE(kind);
   torch::manual_seed(21);
   std::vector<at::Tensor> params = {torch::randn({3, 2}).requires_grad_(true),
@@ -464,16 +465,16 @@ TEST_CASE("LibTorch's AdamW takes Python's AdamW state and a file of other group
           "[serialize][state_dict][optim][python]") {
   amp_test::TempDir dir("optimizer_state");
   const auto path = dir.path() / "resume.pt";
-  python("optimizer-resume adamw " + quoted(path));
+  python("optimizer-resume adamw_libtorch " + quoted(path));
   const auto saved = amp::load_pickled(path.string()).toGenericDict();
   std::vector<at::Tensor> params;
   for (const at::Tensor& p : tensors_of(saved.at("params"))) {
     params.push_back(p.clone().requires_grad_(true));
   }
-  auto optimizer = optimizer_for("adamw", params);
+  auto optimizer = optimizer_for("adamw_libtorch", params);
   amp::load_optimizer_state_dict(*optimizer, saved.at("optimizer"));
   // The state and the options are Python's (LibTorch's AdamW step itself is not bit for bit
-  // Python's unfused one, so no step is compared here).
+  // Python's unfused one, so no step is compared here; amp::optim::AdamW's is).
   const auto state = amp::optimizer_state_dict(*optimizer).toGenericDict();
   const auto python_state = saved.at("optimizer").toGenericDict();
   for (int64_t index : {0, 1}) {

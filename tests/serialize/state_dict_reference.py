@@ -58,7 +58,7 @@ def model(name):
 def optimizer_for(kind, params):
     """KIND's optimizer over two groups (the second with its own options); amp's tests build the
     same in C++."""
-    if kind in ("adamw_fused", "adamw", "adam_fused"):
+    if kind in ("adamw_fused", "adamw", "adamw_libtorch", "adam_fused"):
         groups = [{"params": [params[0]]}, {"params": [params[1]], "lr": 0.5, "weight_decay": 0.0}]
         if kind == "adam_fused":
             return torch.optim.Adam(groups, lr=0.01, betas=(0.8, 0.95), weight_decay=0.01,

@@ -40,12 +40,11 @@ inline std::vector<std::vector<std::string>> python_rows(const std::string& pyth
 /// Python's name of `type` ("float32", "bfloat16", "float8_e4m3fn"), for the dtypes the scripts
 /// print; c10's name otherwise.
 inline std::string python_dtype(c10::ScalarType type) {
-  const std::pair<c10::ScalarType, const char*> kNames[] = {{at::kFloat, "float32"},
-                                                            {at::kBFloat16, "bfloat16"},
-                                                            {at::kHalf, "float16"},
-                                                            {at::kLong, "int64"},
-                                                            {at::kFloat8_e4m3fn, "float8_e4m3fn"},
-                                                            {at::kFloat8_e5m2, "float8_e5m2"}};
+  const std::pair<c10::ScalarType, const char*> kNames[] = {
+      {at::kFloat, "float32"},          {at::kBFloat16, "bfloat16"},
+      {at::kHalf, "float16"},           {at::kLong, "int64"},
+      {at::kComplexFloat, "complex64"}, {at::kFloat8_e4m3fn, "float8_e4m3fn"},
+      {at::kFloat8_e5m2, "float8_e5m2"}};
   for (const auto& [t, name] : kNames) {
     if (t == type) return name;
   }
