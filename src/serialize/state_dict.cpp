@@ -5,6 +5,7 @@
 
 #include <amp/checkpoint.h>
 #include <amp/optim/adam.h>
+#include <amp/optim/lion.h>
 #include <amp/optim/sgd.h>
 
 #include <ATen/ATen.h>
@@ -564,6 +565,10 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
   // Parameter keys as LibTorch's own optimizers write them (they parse them as numbers).
   const auto key_of = [](int64_t index) { return std::to_string(index); };
 
+  // FusedLion counts its steps (for the rounding bits) but its update does not read the count;
+  // lion-pytorch keeps no count, so its entries start counting at 0 here.
+  const bool count_may_be_missing =
+      dynamic_cast<const amp::optim::FusedLion*>(&optimizer) != nullptr;
   torch::serialize::OutputArchive state_archive(unit);
   for (const auto& item : dict.at("state").toGenericDict()) {
     if (!item.key().isInt() || !item.value().isGenericDict()) {
@@ -585,6 +590,9 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
       } else {
         entry.write(name, value);
       }
+    }
+    if (count_may_be_missing && !item.value().toGenericDict().contains("step")) {
+      entry.write("step", c10::IValue(int64_t{0}));
     }
     if (any) state_archive.write(key_of(item.key().toInt()), entry);
   }

@@ -27,6 +27,7 @@ A row: key, dtype, shape, the tensor's bytes in hex (C-contiguous).
 import sys
 
 import torch
+from lion_pytorch import Lion
 
 
 def model(name):
@@ -69,6 +70,9 @@ def optimizer_for(kind, params):
         groups = [{"params": [params[0]]}, {"params": [params[1]], "lr": 0.5, "momentum": 0.5}]
         return torch.optim.SGD(groups, lr=0.1, momentum=0.9, weight_decay=0.01,
                                fused=kind == "sgd_fused", foreach=False)
+    if kind == "lion":
+        groups = [{"params": [params[0]]}, {"params": [params[1]], "lr": 0.5, "weight_decay": 0.0}]
+        return Lion(groups, lr=0.01, betas=(0.8, 0.95), weight_decay=0.01)
     raise SystemExit(f"unknown optimizer kind {kind}")
 
 
