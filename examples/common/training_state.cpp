@@ -92,25 +92,45 @@ CheckpointReader::CheckpointReader(std::filesystem::path path, c10::Device devic
   }
 }
 
-void CheckpointReader::check(std::int64_t format, const std::vector<CheckpointSetting>& settings) {
+void check_checkpoint_settings(
+    const std::filesystem::path& path, const std::string& program, std::int64_t format,
+    const std::vector<CheckpointSetting>& settings,
+    const std::function<std::optional<c10::IValue>(const std::string&)>& lookup) {
+  const auto entry = [&](const std::string& key) {
+    std::optional<c10::IValue> value = lookup(key);
+    if (!value) {
+      throw SetupError(fmt::format(
+          "the checkpoint '{}' has no entry '{}'; it was not written by {} --checkpoint",
+          path.string(), key, program));
+    }
+    return *value;
+  };
   const c10::IValue saved_format = entry("format");
   if (!saved_format.isInt() || saved_format.toInt() != format) {
     throw SetupError(fmt::format("the checkpoint '{}' has format {}; this {} reads format {} only",
-                                 path_.string(), c10::str(saved_format), program_, format));
+                                 path.string(), c10::str(saved_format), program, format));
   }
   for (const CheckpointSetting& setting : settings) {
-    c10::IValue saved;
-    if (!archive_.try_read(setting.name, saved)) {
-      // Without a value to assume, entry() refuses the checkpoint, naming the missing entry.
-      saved = setting.if_absent.isNone() ? entry(setting.name) : setting.if_absent;
-    }
+    // Without a value to assume, entry() refuses the checkpoint, naming the missing entry.
+    const std::optional<c10::IValue> found = lookup(setting.name);
+    const c10::IValue saved =
+        found ? *found : (setting.if_absent.isNone() ? entry(setting.name) : setting.if_absent);
     if (saved != setting.value) {
       throw SetupError(fmt::format(
           "the checkpoint '{}' was written with {} {} but this run has {} {}; resume with the "
           "checkpoint's settings, or start afresh without --resume",
-          path_.string(), setting.name, c10::str(saved), setting.name, c10::str(setting.value)));
+          path.string(), setting.name, c10::str(saved), setting.name, c10::str(setting.value)));
     }
   }
+}
+
+void CheckpointReader::check(std::int64_t format, const std::vector<CheckpointSetting>& settings) {
+  check_checkpoint_settings(path_, program_, format, settings,
+                            [this](const std::string& key) -> std::optional<c10::IValue> {
+                              c10::IValue value;
+                              if (!archive_.try_read(key, value)) return std::nullopt;
+                              return value;
+                            });
 }
 
 c10::IValue CheckpointReader::entry(const std::string& key) {

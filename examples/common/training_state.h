@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,16 @@ struct CheckpointOptions {
   /// "checkpoint: saved to PATH after every epoch" when saving.
   void announce(std::int64_t epochs_done) const;
 };
+
+/// Refuses a checkpoint whose "format" entry is not `format`, then one written with a setting
+/// other than this run's, naming the setting and both values. A setting the checkpoint lacks is
+/// compared through its `if_absent` value, or refused when it has none. `lookup` returns an
+/// entry of the file, nullopt when it has none; `path` and `program` are named in the errors.
+/// Errors: SetupError.
+void check_checkpoint_settings(
+    const std::filesystem::path& path, const std::string& program, std::int64_t format,
+    const std::vector<CheckpointSetting>& settings,
+    const std::function<std::optional<c10::IValue>(const std::string&)>& lookup);
 
 /// A checkpoint opened for resuming. Every problem is a SetupError that names the file.
 class CheckpointReader {

@@ -8,6 +8,7 @@
 #include <amp/grad_scaler.h>
 #include <amp/low_precision.h>
 #include <amp/optim.h>
+#include <amp/state_dict.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -25,6 +26,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -99,6 +101,16 @@ struct StateDtypeChoice {
 constexpr std::array kStateDtypes = {StateDtypeChoice{"fp32", c10::kFloat},
                                      StateDtypeChoice{"bf16", c10::kBFloat16}};
 
+/// A value of --checkpoint-format: LibTorch's archive (amp's own sections), or the dict a Python
+/// AMP loop writes with torch.save (train.py, this loop in Python, reads and writes it).
+struct CheckpointFormatChoice {
+  std::string_view name;
+  bool python;
+};
+
+constexpr std::array kCheckpointFormats = {CheckpointFormatChoice{"libtorch", false},
+                                           CheckpointFormatChoice{"python", true}};
+
 /// The program's settings and their defaults.
 struct Settings {
   std::filesystem::path data_dir = "/usr/share/datasets/fashion-mnist";
@@ -126,6 +138,7 @@ struct Settings {
   amp::GradScalerOptions scaler = amp::GradScalerOptions().track_counters(true);
   /// --checkpoint and --resume.
   amp_examples::CheckpointOptions checkpoint;
+  CheckpointFormatChoice checkpoint_format = kCheckpointFormats[0];  // libtorch
   /// Stop after this epoch as if the job had been interrupted (the schedule still spans
   /// `epochs`); nullopt runs to the end.
   std::optional<std::int64_t> stop_after;
@@ -342,6 +355,85 @@ void load_checkpoint(TrainingState& state, const Settings& settings, std::int64_
   state.epochs_done = checkpoint.entry("epoch").toInt();
 }
 
+/// The checkpoint as Python's torch.save dict: {"model", "optimizer", "scaler"} as Python's
+/// state_dict()s (amp/state_dict.h), the schedule's position, the shuffling generator's state,
+/// the epochs done, the format and the settings. train.py writes and reads the same dict.
+void save_python_checkpoint(TrainingState& state, const Settings& settings,
+                            std::int64_t train_size) {
+  const auto dict = [] {
+    return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+  };
+  auto checkpoint = dict(), schedule = dict(), written = dict();
+  checkpoint.insert("model", amp::state_dict(*state.model));
+  checkpoint.insert("optimizer", amp::optimizer_state_dict(*state.optimizer));
+  checkpoint.insert("scaler", state.scaler.state_dict());
+  schedule.insert("step", state.schedule.step());
+  schedule.insert("total", state.schedule.total());
+  checkpoint.insert("schedule", schedule);
+  {
+    std::lock_guard<std::mutex> lock(state.shuffle.mutex());
+    checkpoint.insert("shuffle", state.shuffle.get_state());
+  }
+  checkpoint.insert("epoch", state.epochs_done);
+  checkpoint.insert("format", kCheckpointFormat);
+  for (const auto& setting : resume_keys(settings, train_size)) {
+    written.insert(setting.name, setting.value);
+  }
+  checkpoint.insert("settings", written);
+  amp_examples::write_file_atomically(settings.checkpoint.path, [&](const auto& path) {
+    amp::save_pickled(checkpoint, path.string());
+  });
+}
+
+/// Restores a TrainingState from the dict save_python_checkpoint (or train.py) wrote, after the
+/// same checks as the LibTorch format's.
+void load_python_checkpoint(TrainingState& state, const Settings& settings,
+                            std::int64_t train_size) {
+  const std::filesystem::path& path = settings.checkpoint.path;
+  const auto fail = [&](const std::string& what) {
+    throw amp_examples::SetupError(
+        fmt::format("the checkpoint '{}' cannot be resumed as --checkpoint-format python: {}",
+                    path.string(), what));
+  };
+  c10::IValue file;
+  try {
+    file = amp::load_pickled(path.string());
+  } catch (const c10::Error& error) {
+    fail(error.msg());
+  }
+  if (!file.isGenericDict()) fail("it holds no dict");
+  const auto checkpoint = file.toGenericDict();
+  const auto lookup = [](const c10::impl::GenericDict& dict,
+                         const std::string& key) -> std::optional<c10::IValue> {
+    if (!dict.contains(key)) return std::nullopt;
+    return dict.at(key);
+  };
+  const auto entry = [&](const std::string& key) {
+    const auto value = lookup(checkpoint, key);
+    if (!value) fail("it has no entry '" + key + "'");
+    return *value;
+  };
+  const c10::IValue written = entry("settings");
+  if (!written.isGenericDict()) fail("its 'settings' is not a dict");
+  amp_examples::check_checkpoint_settings(
+      path, "mlp_fashion", kCheckpointFormat, resume_keys(settings, train_size),
+      [&](const std::string& key) {
+        return key == "format" ? lookup(checkpoint, key) : lookup(written.toGenericDict(), key);
+      });
+  try {
+    const auto schedule = entry("schedule").toGenericDict();
+    state.schedule.restore(schedule.at("step").toInt(), schedule.at("total").toInt(), path);
+    amp::load_state_dict(*state.model, entry("model"));
+    amp::load_optimizer_state_dict(*state.optimizer, entry("optimizer"));
+    state.scaler.load_state_dict(entry("scaler").toGenericDict());
+    std::lock_guard<std::mutex> lock(state.shuffle.mutex());
+    state.shuffle.set_state(entry("shuffle").toTensor());
+  } catch (const c10::Error& error) {
+    fail(error.msg());
+  }
+  state.epochs_done = entry("epoch").toInt();
+}
+
 // ---- the program ----
 
 void run(const Settings& settings) {
@@ -395,7 +487,13 @@ void run(const Settings& settings) {
     fmt::print("forward pass: logits {}, loss {}\n", c10::toString(logits.scalar_type()),
                c10::toString(loss.scalar_type()));
   }
-  if (settings.checkpoint.resume) load_checkpoint(state, settings, train.size());
+  if (settings.checkpoint.resume) {
+    if (settings.checkpoint_format.python) {
+      load_python_checkpoint(state, settings, train.size());
+    } else {
+      load_checkpoint(state, settings, train.size());
+    }
+  }
   settings.checkpoint.announce(state.epochs_done);
   std::fflush(stdout);
 
@@ -415,7 +513,13 @@ void run(const Settings& settings) {
     ++state.epochs_done;
     accuracy = evaluate();
     const std::string scale_note = scaling.next(state.scaler, steps);
-    if (!settings.checkpoint.path.empty()) save_checkpoint(state, settings, train.size());
+    if (!settings.checkpoint.path.empty()) {
+      if (settings.checkpoint_format.python) {
+        save_python_checkpoint(state, settings, train.size());
+      } else {
+        save_checkpoint(state, settings, train.size());
+      }
+    }
     fmt::print(
         "epoch {}/{}: mean train loss {:.6f}, test accuracy {:.2f}%, grad norm {:.4f} (clipped "
         "{} of {} steps), next lr {:.6g}{}, {:.2f} s\n",
@@ -473,6 +577,10 @@ amp_examples::CommandLine make_command_line(Settings& s) {
   s.checkpoint.add_to(cli,
                       "save model, optimizer, scaler, schedule and shuffle state after every epoch",
                       "continue the run saved in --checkpoint PATH");
+  cli.add_choice_option("checkpoint-format",
+                        "libtorch (amp's archive), or python: the torch.save dict of Python's "
+                        "state_dict()s that train.py, this loop in Python, reads and writes",
+                        kCheckpointFormats, s.checkpoint_format);
   cli.add_flag("recompute-activations",
                "keep no hidden-layer activations for backward but recompute them there "
                "(amp::checkpoint: less memory, the same numbers)",

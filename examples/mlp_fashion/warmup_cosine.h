@@ -55,14 +55,22 @@ class WarmupCosine {
       throw amp_examples::SetupError(
           fmt::format("the checkpoint '{}' has no learning-rate schedule state", path.string()));
     }
-    if (total.toInt() != total_) {
+    restore(step.toInt(), total.toInt(), path);
+  }
+
+  /// The position load() restores, from values read elsewhere (a Python-format checkpoint).
+  void restore(std::int64_t step, std::int64_t total, const std::filesystem::path& path) {
+    if (total != total_) {
       throw amp_examples::SetupError(fmt::format(
           "the checkpoint '{}' follows a learning-rate schedule of {} steps but this run's "
           "has {}; resume with the --epochs the checkpoint was started with",
-          path.string(), total.toInt(), total_));
+          path.string(), total, total_));
     }
-    step_ = step.toInt();
+    step_ = step;
   }
+
+  std::int64_t step() const { return step_; }
+  std::int64_t total() const { return total_; }
 
  private:
   double peak_;

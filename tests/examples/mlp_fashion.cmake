@@ -88,6 +88,26 @@ amp_example_resume(mlp_fashion resumes_fp16_exactly_with_fused_adamw EPOCHS 3 ST
   STOP_WITH stop-after
   ARGS ${_mlp_args} --precision fp16 --init-scale 4194304 --optimizer fused-adamw)
 
+# The same through --checkpoint-format python (Python's state_dict()s in a torch.save dict): the
+# overflowing fp16 scaler, FusedAdamW's state and the shuffling survive the Python layout.
+amp_example_resume(mlp_fashion resumes_fp16_exactly_from_python_format_checkpoints EPOCHS 3
+  STOP_AFTER 1 STOP_WITH stop-after
+  ARGS ${_mlp_args} --precision fp16 --init-scale 4194304 --checkpoint-format python)
+# mlp_fashion and train.py (the loop in Python) continue each other's runs bit for bit, both ways
+# (check_cross_language_resume.cmake). --clip 1e9 never clips: with clipping, amp's fused
+# unscale_and_clip_ multiplies once where clip_grad_norm_ rounds twice, and the last bits differ.
+foreach(_precision IN ITEMS bf16 fp32)
+  list(JOIN _mlp_args "|" _joined)
+  add_test(NAME example.mlp_fashion.continues_python_runs_and_python_continues_its_runs_in_${_precision}
+    COMMAND "${CMAKE_COMMAND}" "-DPROGRAM=$<TARGET_FILE:mlp_fashion>" "-DPYTHON=${AMP_PYTHON}"
+      "-DSCRIPT=${PROJECT_SOURCE_DIR}/examples/mlp_fashion/train.py"
+      "-DARGS=${_joined}|--precision|${_precision}|--clip|1e9" -DEPOCHS=3 -DSTOP_AFTER=1
+      "-DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/mlp_fashion/cross_language_${_precision}"
+      -P "${CMAKE_CURRENT_LIST_DIR}/check_cross_language_resume.cmake")
+  set_tests_properties(example.mlp_fashion.continues_python_runs_and_python_continues_its_runs_in_${_precision}
+    PROPERTIES FIXTURES_REQUIRED example_idx_fixture LABELS example)
+endforeach()
+
 # The bf16 resume test's checkpoint, after epoch 1 of 3 (24 steps), resumed with other settings.
 set(_bf16_checkpoint "${CMAKE_CURRENT_BINARY_DIR}/mlp_fashion/resumes_bf16_exactly/split.pt")
 amp_example_run(mlp_fashion refuses_a_checkpoint_of_other_settings EXIT 1
