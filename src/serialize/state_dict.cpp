@@ -7,6 +7,7 @@
 #include <amp/optim/adam.h>
 #include <amp/optim/lion.h>
 #include <amp/optim/sgd.h>
+#include <amp/optim/unfused_adam.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -27,6 +28,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "serialize/archive_check.h"
 #include "serialize/open_checked.h"
@@ -480,6 +482,62 @@ c10::impl::GenericDict string_dict() {
               "index and a list of \"param_groups\"). The optimizer is unchanged.");
 }
 
+// How `optimizer` names itself in messages, and what of Python's group options it computes:
+// whether its weight decay is decoupled (AdamW) or L2 (Adam), where that applies; whether it can
+// maximize; and which of Python's implementations computes its steps (`fused`: fused=True;
+// otherwise the single-tensor path, or none to name for FusedLion).
+struct OptimizerTraits {
+  const char* name;
+  std::optional<bool> decoupled_weight_decay;
+  bool maximizes;
+  std::optional<bool> fused;
+};
+
+template <typename T>
+bool is_a(const torch::optim::Optimizer& optimizer) {
+  return dynamic_cast<const T*>(&optimizer) != nullptr;
+}
+
+OptimizerTraits traits_of(const torch::optim::Optimizer& optimizer) {
+  // amp's unfused Adam/AdamW derive from LibTorch's, so they are asked first.
+  if (is_a<amp::optim::FusedAdam>(optimizer)) return {"amp::optim::FusedAdam", false, true, true};
+  if (is_a<amp::optim::FusedAdamW>(optimizer)) return {"amp::optim::FusedAdamW", true, true, true};
+  if (is_a<amp::optim::FusedSGD>(optimizer)) return {"amp::optim::FusedSGD", {}, true, true};
+  if (is_a<amp::optim::FusedLion>(optimizer)) return {"amp::optim::FusedLion", {}, true, {}};
+  if (is_a<amp::optim::Adam>(optimizer)) return {"amp::optim::Adam", false, false, false};
+  if (is_a<amp::optim::AdamW>(optimizer)) return {"amp::optim::AdamW", true, false, false};
+  if (is_a<torch::optim::Adam>(optimizer)) return {"torch::optim::Adam", false, false, false};
+  if (is_a<torch::optim::AdamW>(optimizer)) return {"torch::optim::AdamW", true, false, false};
+  if (is_a<torch::optim::SGD>(optimizer)) return {"torch::optim::SGD", {}, false, false};
+  return {"this optimizer", {}, true, {}};
+}
+
+// Refuses a group whose options ask for an update `optimizer` does not compute: loading it would
+// continue the run with other arithmetic and no error.
+void check_group_semantics(const OptimizerTraits& traits, const c10::impl::GenericDict& group,
+                           std::size_t g) {
+  const auto flag = [&](const char* key) {
+    return group.contains(key) && group.at(key).isBool() && group.at(key).toBool();
+  };
+  const bool has_decoupled =
+      group.contains("decoupled_weight_decay") && group.at("decoupled_weight_decay").isBool();
+  if (traits.decoupled_weight_decay && has_decoupled &&
+      flag("decoupled_weight_decay") != *traits.decoupled_weight_decay) {
+    const bool decoupled = flag("decoupled_weight_decay");
+    TORCH_CHECK(false, "load_optimizer_state_dict: param group ", g,
+                " of the state has decoupled_weight_decay=", decoupled ? "True" : "False",
+                " (Python's ", decoupled ? "AdamW" : "Adam", ") but ", traits.name,
+                "'s weight decay is ", decoupled ? "L2 (Adam's)" : "decoupled (AdamW's)",
+                "; load it into ",
+                decoupled ? "FusedAdamW or amp::optim::AdamW" : "FusedAdam or amp::optim::Adam",
+                ". The optimizer is unchanged.");
+  }
+  TORCH_CHECK(!flag("maximize") || traits.maximizes, "load_optimizer_state_dict: param group ", g,
+              " of the state has maximize=True, which ", traits.name,
+              " cannot do (LibTorch's optimizers have no maximize); load it into amp's FusedAdam, "
+              "FusedAdamW or FusedSGD. The optimizer is unchanged.");
+}
+
 }  // namespace
 
 c10::IValue optimizer_state_dict(const torch::optim::Optimizer& optimizer) {
@@ -492,6 +550,7 @@ c10::IValue optimizer_state_dict(const torch::optim::Optimizer& optimizer) {
   at::Tensor group_count;
   groups_archive.read("param_groups/size", group_count);
   std::map<std::string, int64_t> index_of;  // a saved parameter key -> Python's index
+  const OptimizerTraits traits = traits_of(optimizer);
   c10::impl::GenericList groups(c10::AnyType::get());
   for (int64_t g = 0; g < group_count.item<int64_t>(); ++g) {
     torch::serialize::InputArchive group_archive, options;
@@ -500,16 +559,15 @@ c10::IValue optimizer_state_dict(const torch::optim::Optimizer& optimizer) {
     c10::impl::GenericDict group = string_dict();
     for (const auto& [key, value] : entries(options)) group.insert(key, value);
     // The implementation Python must pick to continue with the same arithmetic: amp's fused
-    // optimizers are Python's fused=True ones, LibTorch's Python's single-tensor ones.
-    if (dynamic_cast<const amp::optim::FusedAdam*>(&optimizer) != nullptr ||
-        dynamic_cast<const amp::optim::FusedAdamW*>(&optimizer) != nullptr ||
-        dynamic_cast<const amp::optim::FusedSGD*>(&optimizer) != nullptr) {
-      group.insert_or_assign("fused", true);
-    } else if (dynamic_cast<const torch::optim::Adam*>(&optimizer) != nullptr ||
-               dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr ||
-               dynamic_cast<const torch::optim::SGD*>(&optimizer) != nullptr) {
-      group.insert_or_assign("foreach", false);
-      group.insert_or_assign("fused", false);
+    // optimizers are Python's fused=True ones, LibTorch's (and amp's unfused Adam/AdamW) Python's
+    // single-tensor ones.
+    if (traits.fused) {
+      if (!*traits.fused) group.insert_or_assign("foreach", false);
+      group.insert_or_assign("fused", *traits.fused);
+    }
+    // Python's Adam and AdamW are one class told apart by this option.
+    if (traits.decoupled_weight_decay) {
+      group.insert_or_assign("decoupled_weight_decay", *traits.decoupled_weight_decay);
     }
     at::Tensor param_count;
     group_archive.read("params/size", param_count);
@@ -598,6 +656,7 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
   }
   archive.write("state", state_archive);
 
+  const OptimizerTraits traits = traits_of(optimizer);
   torch::serialize::OutputArchive groups_archive(unit);
   const auto groups = dict.at("param_groups").toList();
   groups_archive.write("param_groups/size",
@@ -609,6 +668,7 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
     if (!group.contains("params") || !group.at("params").isList()) {
       refuse_optimizer_state("param group " + std::to_string(g) + " has no list \"params\"");
     }
+    check_group_semantics(traits, group, g);
     torch::serialize::OutputArchive group_archive(unit), options(unit);
     const auto params = group.at("params").toList();
     group_archive.write("params/size",

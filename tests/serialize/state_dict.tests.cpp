@@ -529,6 +529,59 @@ TEST_CASE("LibTorch's AdamW takes Python's AdamW state and a file of other group
                              "optimizer's state_dict()"));
 }
 
+TEST_CASE("A state asking for an update the optimizer does not compute is refused naming the group",
+          "[serialize][state_dict][optim][python]") {
+  amp_test::TempDir dir("optimizer_state");
+  const auto path = dir.path() / "adamw.pt";
+  python("optimizer-resume adamw " + quoted(path));  // Python's AdamW(foreach=False)
+  const auto saved = amp::load_pickled(path.string()).toGenericDict();
+  std::vector<at::Tensor> params;
+  for (const at::Tensor& p : tensors_of(saved.at("params"))) {
+    params.push_back(p.clone().requires_grad_(true));
+  }
+  const c10::IValue adamw_file = saved.at("optimizer");
+  // Python writes decoupled_weight_decay=True for AdamW; an Adam (L2) optimizer refuses it.
+  auto adam = optimizer_for("adam_fused", params);
+  const auto before = optimizer_rows(params, *adam);
+  CHECK_THROWS_WITH(
+      amp::load_optimizer_state_dict(*adam, adamw_file),
+      Contains("load_optimizer_state_dict: param group 0 of the state has "
+               "decoupled_weight_decay=True (Python's AdamW) but amp::optim::FusedAdam's weight "
+               "decay is L2 (Adam's); load it into FusedAdamW or amp::optim::AdamW. The optimizer "
+               "is unchanged."));
+  CHECK(optimizer_rows(params, *adam) == before);
+  // maximize=True: LibTorch's classes cannot, amp's fused ones can.
+  auto maximizing = adamw_file.toGenericDict().copy();
+  auto groups = maximizing.at("param_groups").toList().copy();
+  auto second = groups.get(1).toGenericDict().copy();
+  second.insert_or_assign("maximize", true);
+  groups.set(1, second);
+  maximizing.insert_or_assign("param_groups", groups);
+  auto unfused = optimizer_for("adamw", params);
+  CHECK_THROWS_WITH(amp::load_optimizer_state_dict(*unfused, maximizing),
+                    Contains("param group 1 of the state has maximize=True, which "
+                             "amp::optim::AdamW cannot do"));
+  auto fused = optimizer_for("adamw_fused", params);
+  amp::load_optimizer_state_dict(*fused, maximizing);
+  const auto written = amp::optimizer_state_dict(*fused).toGenericDict();
+  CHECK(written.at("param_groups").toList().get(1).toGenericDict().at("maximize").toBool());
+  // amp's files say which of Python's Adam and AdamW they are.
+  CHECK(written.at("param_groups")
+            .toList()
+            .get(0)
+            .toGenericDict()
+            .at("decoupled_weight_decay")
+            .toBool());
+  CHECK_FALSE(amp::optimizer_state_dict(*adam)
+                  .toGenericDict()
+                  .at("param_groups")
+                  .toList()
+                  .get(0)
+                  .toGenericDict()
+                  .at("decoupled_weight_decay")
+                  .toBool());
+}
+
 TEST_CASE(
     "One training checkpoint (model, optimizer, scaler, step) moves from Python to C++ and "
     "back",
