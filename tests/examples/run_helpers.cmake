@@ -1,4 +1,5 @@
-# What the examples' check scripts share (include()d by check_same, check_resume, check_metrics):
+# What the examples' check scripts share (include()d by check_same, check_resume, check_metrics,
+# check_cross_language_resume):
 # running PROGRAM with ARGS and reading its epoch lines and parameter fingerprint.
 #   PROGRAM, ARGS ("|"-separated), in the including script's scope
 string(REPLACE "|" ";" _args "${ARGS}")

@@ -1,0 +1,170 @@
+// The optimizers that exist to move runs between Python and C++, used with the features a moved
+// run brings along: amp::optim::AdamW (Python's unfused arithmetic) under GradScaler with an
+// overflowing step and bf16 autocast, and through a Python-format state dict mid-run; FusedLion's
+// state without step counts (lion-pytorch keeps none) under stochastic rounding of bf16 weights.
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include <amp/autocast.h>
+#include <amp/grad_scaler.h>
+#include <amp/optim.h>
+#include <amp/state_dict.h>
+
+namespace {
+
+std::vector<torch::Tensor> bits(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> out;
+  for (const auto& t : tensors) out.push_back(t.detach().clone());
+  return out;
+}
+
+bool same_bits(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].scalar_type() != b[i].scalar_type() || !torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+// Every state tensor of `optimizer`, by Python's index and name.
+std::vector<torch::Tensor> state_tensors(const torch::optim::Optimizer& optimizer) {
+  std::vector<torch::Tensor> out;
+  const c10::IValue state = amp::optimizer_state_dict(optimizer).toGenericDict().at("state");
+  for (const auto& entry : state.toGenericDict()) {
+    for (const auto& field : entry.value().toGenericDict()) {
+      if (field.value().isTensor()) out.push_back(field.value().toTensor().clone());
+    }
+  }
+  return out;
+}
+
+// A Linear-ReLU-Linear model under bf16 CPU autocast.
+struct Loop {
+  torch::nn::Sequential model{torch::nn::Linear(6, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3)};
+
+  torch::Tensor loss(int step) {
+    torch::manual_seed(300 + step);
+    torch::Tensor x = torch::randn({5, 6});
+    if (step == 1) x[0][0] = INFINITY;  // this step's gradients overflow
+    amp::AutocastGuard autocast(c10::DeviceType::CPU, torch::kBFloat16);
+    return model->forward(x).to(torch::kFloat).square().mean();
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "amp::optim::AdamW under GradScaler skips an overflowing step untouched and resumes "
+    "through a Python-format state dict with the uninterrupted bits",
+    "[interactions][optim][scaler][state_dict]") {
+  const auto options = torch::optim::AdamWOptions(0.01).weight_decay(0.1);
+  torch::manual_seed(9);
+  Loop whole;
+  Loop moved;
+  torch::NoGradGuard no_grad_copy;
+  for (size_t i = 0; i < whole.model->parameters().size(); ++i) {
+    moved.model->parameters()[i].copy_(whole.model->parameters()[i]);
+  }
+  at::AutoGradMode grad(true);
+  amp::optim::AdamW whole_opt(whole.model->parameters(), options);
+  amp::GradScaler whole_scaler(c10::DeviceType::CPU,
+                               amp::GradScalerOptions().init_scale(1024.0).growth_interval(2));
+  const auto iteration = [](Loop& loop, torch::optim::Optimizer& opt, amp::GradScaler& scaler,
+                            int step) {
+    opt.zero_grad();
+    scaler.scale(loop.loss(step)).backward();
+    scaler.step(opt);
+    scaler.update();
+  };
+  for (int step = 0; step < 5; ++step) {
+    const auto params_before = bits(whole.model->parameters());
+    const auto state_before = state_tensors(whole_opt);
+    const double scale_before = whole_scaler.get_scale();
+    iteration(whole, whole_opt, whole_scaler, step);
+    if (step == 1) {
+      // Skipped: the scale halves, the parameters and every state tensor keep their bits.
+      CHECK(whole_scaler.get_scale() == scale_before / 2);
+      CHECK(same_bits(bits(whole.model->parameters()), params_before));
+      CHECK(same_bits(state_tensors(whole_opt), state_before));
+    } else {
+      CHECK_FALSE(same_bits(bits(whole.model->parameters()), params_before));
+    }
+  }
+
+  // The same run moved after step 2 through the Python-format dicts into fresh objects.
+  amp::optim::AdamW first_opt(moved.model->parameters(), options);
+  amp::GradScaler first_scaler(c10::DeviceType::CPU,
+                               amp::GradScalerOptions().init_scale(1024.0).growth_interval(2));
+  for (int step = 0; step < 3; ++step) iteration(moved, first_opt, first_scaler, step);
+  const c10::IValue model_state = amp::state_dict(*moved.model);
+  const c10::IValue optimizer_state = amp::optimizer_state_dict(first_opt);
+  const auto scaler_state = first_scaler.state_dict();
+  Loop resumed;
+  amp::load_state_dict(*resumed.model, model_state);
+  amp::optim::AdamW second_opt(resumed.model->parameters(), torch::optim::AdamWOptions(0.5));
+  amp::load_optimizer_state_dict(second_opt, optimizer_state);
+  amp::GradScaler second_scaler(c10::DeviceType::CPU);
+  second_scaler.load_state_dict(scaler_state);
+  for (int step = 3; step < 5; ++step) iteration(resumed, second_opt, second_scaler, step);
+  CHECK(same_bits(bits(resumed.model->parameters()), bits(whole.model->parameters())));
+  CHECK(same_bits(state_tensors(second_opt), state_tensors(whole_opt)));
+  CHECK(second_scaler.get_scale() == whole_scaler.get_scale());
+}
+
+TEST_CASE(
+    "FusedLion state without step counts, as lion-pytorch writes it, loads under stochastic "
+    "rounding and counts from 0",
+    "[interactions][optim][low_precision][state_dict]") {
+  torch::manual_seed(4);
+  const torch::Tensor start = torch::randn({64}).to(torch::kBFloat16);
+  const auto options =
+      amp::optim::FusedLionOptions(1e-3).weight_decay(0.1).stochastic_rounding(true);
+  const auto grad = [](int step) {
+    torch::manual_seed(500 + step);
+    return torch::randn({64}).to(torch::kBFloat16);
+  };
+  torch::Tensor p = start.clone().requires_grad_(true);
+  amp::optim::FusedLion opt({p}, options);
+  for (int step = 0; step < 2; ++step) {
+    p.mutable_grad() = grad(step);
+    opt.step();
+  }
+  // The state as lion-pytorch keeps it: exp_avg alone.
+  auto saved = amp::optimizer_state_dict(opt).toGenericDict();
+  auto state = saved.at("state").toGenericDict();
+  auto entry = state.at(0).toGenericDict().copy();
+  REQUIRE(entry.contains("step"));
+  REQUIRE(entry.erase("step") == 1);
+  auto without_counts = c10::impl::GenericDict(c10::IntType::get(), c10::AnyType::get());
+  without_counts.insert(0, entry);
+  saved.insert_or_assign("state", without_counts);
+
+  torch::Tensor q = p.detach().clone().requires_grad_(true);
+  amp::optim::FusedLion loaded({q}, options);
+  amp::load_optimizer_state_dict(loaded, saved);
+  const auto counts = [](const torch::optim::Optimizer& o) {
+    return amp::optimizer_state_dict(o)
+        .toGenericDict()
+        .at("state")
+        .toGenericDict()
+        .at(0)
+        .toGenericDict()
+        .at("step")
+        .toTensor()
+        .item<double>();
+  };
+  CHECK(counts(loaded) == 0.0);
+  // The momentum moved exactly; the count restarts, and with it the stochastic rounding bits.
+  p.mutable_grad() = grad(2);
+  q.mutable_grad() = grad(2);
+  opt.step();
+  loaded.step();
+  CHECK(counts(opt) == 3.0);
+  CHECK(counts(loaded) == 1.0);
+  CHECK(torch::equal(state_tensors(opt).back(), state_tensors(loaded).back()));
+  // Both parameters moved by one bf16 ulp at most from each other (the rounding draws differ).
+  const torch::Tensor gap = (p.detach().to(torch::kFloat) - q.detach().to(torch::kFloat)).abs();
+  CHECK((gap <= p.detach().to(torch::kFloat).abs() / 128 + 1e-30).all().item<bool>());
+}
