@@ -131,30 +131,23 @@ at::Tensor python_adam_step(torch::optim::Optimizer& optimizer,
 
 }  // namespace
 
-Adam::Adam(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
-           torch::optim::AdamOptions defaults)
-    : torch::optim::Adam(param_groups,
-                         checked(param_groups, std::move(defaults), "amp::optim::Adam")) {}
+// The two classes differ only in LibTorch's base, its options and state types, and whether the
+// weight decay is decoupled.
+#define AMP_PYTHON_ADAM_MEMBERS(Class, Options, State, decoupled)                                  \
+  Class::Class(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,                 \
+               torch::optim::Options defaults)                                                     \
+      : torch::optim::Class(param_groups,                                                          \
+                            checked(param_groups, std::move(defaults), "amp::optim::" #Class)) {}  \
+  Class::Class(std::vector<at::Tensor> params, torch::optim::Options defaults)                     \
+      : Class({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}      \
+  at::Tensor Class::step(LossClosure closure) {                                                    \
+    return python_adam_step<torch::optim::Options, torch::optim::State>(*this, closure, decoupled, \
+                                                                        "amp::optim::" #Class);    \
+  }
 
-Adam::Adam(std::vector<at::Tensor> params, torch::optim::AdamOptions defaults)
-    : Adam({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+AMP_PYTHON_ADAM_MEMBERS(Adam, AdamOptions, AdamParamState, /*decoupled=*/false)
+AMP_PYTHON_ADAM_MEMBERS(AdamW, AdamWOptions, AdamWParamState, /*decoupled=*/true)
 
-at::Tensor Adam::step(LossClosure closure) {
-  return python_adam_step<torch::optim::AdamOptions, torch::optim::AdamParamState>(
-      *this, closure, /*decoupled=*/false, "amp::optim::Adam");
-}
-
-AdamW::AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
-             torch::optim::AdamWOptions defaults)
-    : torch::optim::AdamW(param_groups,
-                          checked(param_groups, std::move(defaults), "amp::optim::AdamW")) {}
-
-AdamW::AdamW(std::vector<at::Tensor> params, torch::optim::AdamWOptions defaults)
-    : AdamW({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
-
-at::Tensor AdamW::step(LossClosure closure) {
-  return python_adam_step<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(
-      *this, closure, /*decoupled=*/true, "amp::optim::AdamW");
-}
+#undef AMP_PYTHON_ADAM_MEMBERS
 
 }  // namespace amp::optim

@@ -12,20 +12,14 @@
 #include <amp/optim.h>
 #include <amp/state_dict.h>
 
+#include "support/optim_helpers.h"
+
 namespace {
 
 std::vector<torch::Tensor> bits(const std::vector<torch::Tensor>& tensors) {
   std::vector<torch::Tensor> out;
   for (const auto& t : tensors) out.push_back(t.detach().clone());
   return out;
-}
-
-bool same_bits(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].scalar_type() != b[i].scalar_type() || !torch::equal(a[i], b[i])) return false;
-  }
-  return true;
 }
 
 // Every state tensor of `optimizer`, by Python's index and name.
@@ -86,10 +80,10 @@ TEST_CASE(
     if (step == 1) {
       // Skipped: the scale halves, the parameters and every state tensor keep their bits.
       CHECK(whole_scaler.get_scale() == scale_before / 2);
-      CHECK(same_bits(bits(whole.model->parameters()), params_before));
-      CHECK(same_bits(state_tensors(whole_opt), state_before));
+      CHECK(amp_test::all_same_bits(bits(whole.model->parameters()), params_before));
+      CHECK(amp_test::all_same_bits(state_tensors(whole_opt), state_before));
     } else {
-      CHECK_FALSE(same_bits(bits(whole.model->parameters()), params_before));
+      CHECK_FALSE(amp_test::all_same_bits(bits(whole.model->parameters()), params_before));
     }
   }
 
@@ -108,8 +102,9 @@ TEST_CASE(
   amp::GradScaler second_scaler(c10::DeviceType::CPU);
   second_scaler.load_state_dict(scaler_state);
   for (int step = 3; step < 5; ++step) iteration(resumed, second_opt, second_scaler, step);
-  CHECK(same_bits(bits(resumed.model->parameters()), bits(whole.model->parameters())));
-  CHECK(same_bits(state_tensors(second_opt), state_tensors(whole_opt)));
+  CHECK(
+      amp_test::all_same_bits(bits(resumed.model->parameters()), bits(whole.model->parameters())));
+  CHECK(amp_test::all_same_bits(state_tensors(second_opt), state_tensors(whole_opt)));
   CHECK(second_scaler.get_scale() == whole_scaler.get_scale());
 }
 
