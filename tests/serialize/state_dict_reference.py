@@ -12,7 +12,8 @@ reads the ones amp writes, printing what it saw as tab-separated lines.
                         into KIND's optimizer, a step with grad3; prints the same rows
   optimizer-roundtrip IN OUT HOW  amp's file IN ({"params", "optimizer"}) saved again to OUT,
                         untouched: loaded (HOW "file") or also loaded into torch.optim.AdamW
-                        over IN's (bf16) parameters and taken back from it (HOW "optimizer")
+                        over IN's (bf16) parameters and taken back from it (HOW "optimizer"; with
+                        keep_amp_state's hooks: HOW "optimizer-kept")
   checkpoint-write PATH two steps of a Linear-LayerNorm-Linear model with AdamW(fused=True) and
                         a GradScaler under CPU bf16 autocast; torch.save({"model", "optimizer",
                         "scaler", "step"}, PATH); prints the checkpoint's rows
@@ -74,6 +75,28 @@ def optimizer_for(kind, params):
         groups = [{"params": [params[0]]}, {"params": [params[1]], "lr": 0.5, "weight_decay": 0.0}]
         return Lion(groups, lr=0.01, betas=(0.8, 0.95), weight_decay=0.01)
     raise SystemExit(f"unknown optimizer kind {kind}")
+
+
+def keep_amp_state(optimizer):
+    """The GUIDE's recipe: Python's load_state_dict casts every state tensor but "step" to its
+    parameter's dtype, which would round amp's float32 master weights of bf16 parameters; these
+    hooks put amp's entries back as they were in the file."""
+    kept = {}
+
+    def before(opt, state_dict):
+        kept.clear()
+        for index, entry in state_dict["state"].items():
+            for key in ("master_weight", "kahan_comp"):
+                if key in entry:
+                    kept[index, key] = entry[key]
+
+    def after(opt):
+        params = [p for group in opt.param_groups for p in group["params"]]
+        for (index, key), value in kept.items():
+            opt.state[params[index]][key] = value.to(params[index].device)
+
+    optimizer.register_load_state_dict_pre_hook(before)
+    optimizer.register_load_state_dict_post_hook(after)
 
 
 def grads_of_step(params, step):
@@ -181,9 +204,11 @@ def main():
         print_optimizer_rows(params, opt)
     elif command == "optimizer-roundtrip":
         saved = torch.load(args[0], weights_only=True)
-        if args[2] == "optimizer":
+        if args[2] in ("optimizer", "optimizer-kept"):
             params = [p.clone().requires_grad_(True) for p in saved["params"]]
             opt = torch.optim.AdamW(params)
+            if args[2] == "optimizer-kept":
+                keep_amp_state(opt)
             opt.load_state_dict(saved["optimizer"])
             saved = {"params": params, "optimizer": opt.state_dict()}
         torch.save(saved, args[1])
