@@ -40,9 +40,10 @@ Options checked(const std::vector<torch::optim::OptimizerParamGroup>& groups, Op
   return defaults;
 }
 
-// A Python number as Python's binding passes it to a tensor op: a wrapped double tensor as the
-// second operand. LibTorch's Tensor::mul_(Scalar) puts the scalar first, which rounds it to a
-// bfloat16/float16 operand's dtype before multiplying; Python's multiplies in float32.
+// A Python number as Python's binding passes it to a tensor op: a wrapped double tensor.
+// LibTorch's Tensor::mul_(Scalar) (aten::mul_.Scalar) rounds the factor to a bfloat16/float16
+// tensor's dtype first (its bits are those of a multiply by a bf16 0-dim tensor), where ATen
+// multiplies by a wrapped number in float32.
 at::Tensor python_number(double value) { return at::native::wrapped_scalar_tensor(value); }
 
 // Python's step for one parameter with a gradient. `step` is the count after this step.
