@@ -1,9 +1,10 @@
 """Python's side of unfused_adam.tests.cpp: torch.optim.Adam and AdamW on their unfused paths over
 the test's parameters and gradients, printed as rows (key, dtype, shape, bytes in hex).
 
-  unfused_adam_reference.py KIND AMSGRAD FOREACH
-      KIND adam or adamw, AMSGRAD and FOREACH 0 or 1: five steps, then every parameter and
-      state tensor by Python's state_dict index
+  unfused_adam_reference.py AMSGRAD
+      AMSGRAD 0 or 1: for each of AdamW single-tensor, Adam single-tensor and AdamW foreach
+      (run names adamw, adam, adamw_foreach), five steps, then every parameter and state tensor
+      by Python's state_dict index, each row's key prefixed with "<run>/"
 """
 import sys
 
@@ -33,21 +34,27 @@ def row(key, t):
     print(f"{key}\t{str(t.dtype).removeprefix('torch.')}\t{shape}\t{data}")
 
 
-def main(kind, amsgrad, foreach):
+def run(name, kind, amsgrad, foreach):
     ps = [p.requires_grad_(True) for p in params()]
     groups = [{"params": ps[:2]}, {"params": ps[2:], "lr": 0.05, "weight_decay": 0.2}]
     cls = torch.optim.AdamW if kind == "adamw" else torch.optim.Adam
-    opt = cls(groups, lr=0.01, betas=(0.8, 0.95), weight_decay=0.1, amsgrad=amsgrad == "1",
-              foreach=foreach == "1")
+    opt = cls(groups, lr=0.01, betas=(0.8, 0.95), weight_decay=0.1, amsgrad=amsgrad,
+              foreach=foreach)
     for step in range(1, 6):
         for p, g in zip(ps, grads(step, ps)):
             p.grad = g
         opt.step()
     for i, p in enumerate(ps):
-        row(f"param.{i}", p)
+        row(f"{name}/param.{i}", p)
     for index, entries in opt.state_dict()["state"].items():
         for key, t in entries.items():
-            row(f"state.{index}.{key}", t)
+            row(f"{name}/state.{index}.{key}", t)
+
+
+def main(amsgrad):
+    for name, kind, foreach in (("adamw", "adamw", False), ("adam", "adam", False),
+                                ("adamw_foreach", "adamw", True)):
+        run(name, kind, amsgrad == "1", foreach)
 
 
 if __name__ == "__main__":
