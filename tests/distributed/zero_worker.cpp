@@ -87,7 +87,8 @@ amp::distributed::ShardOptimizerFactory optimizer_factory(const ParityConfig& co
   const double lr = config.real("lr"), weight_decay = config.real("weight_decay");
   if (config.at("optim") == "adamw") {
     if (config.at("fused") != "1") {
-      return amp::distributed::shard_optimizer<torch::optim::AdamW>(
+      // Python's AdamW(foreach=False) arithmetic; LibTorch's own AdamW rounds differently.
+      return amp::distributed::shard_optimizer<amp::optim::AdamW>(
           torch::optim::AdamWOptions(lr).weight_decay(weight_decay));
     }
     return amp::distributed::shard_optimizer<amp::optim::FusedAdamW>(
@@ -122,12 +123,18 @@ void print_consolidated(const torch::optim::Optimizer& whole, const ParityConfig
     for (size_t k = 0; k < group.params().size(); ++k) {
       line += (k ? "," : "") + std::to_string(index + static_cast<int64_t>(k));
     }
+    // amp's FusedAdamWOptions and LibTorch's AdamWOptions (amp::optim::AdamW) alike.
+    const auto adamw_line = [](const auto& adamw) {
+      const auto [beta1, beta2] = adamw.betas();
+      return ";lr=" + python_repr(adamw.lr()) +
+             ";weight_decay=" + python_repr(adamw.weight_decay()) + ";beta1=" + python_repr(beta1) +
+             ";beta2=" + python_repr(beta2) + ";eps=" + python_repr(adamw.eps());
+    };
     if (const auto* adamw = dynamic_cast<const amp::optim::FusedAdamWOptions*>(&group.options())) {
-      const auto [beta1, beta2] = adamw->betas();
-      line += ";lr=" + python_repr(adamw->lr()) +
-              ";weight_decay=" + python_repr(adamw->weight_decay()) +
-              ";beta1=" + python_repr(beta1) + ";beta2=" + python_repr(beta2) +
-              ";eps=" + python_repr(adamw->eps());
+      line += adamw_line(*adamw);
+    } else if (const auto* unfused =
+                   dynamic_cast<const torch::optim::AdamWOptions*>(&group.options())) {
+      line += adamw_line(*unfused);
     } else if (const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&group.options())) {
       line += ";lr=" + python_repr(sgd->lr()) +
               ";weight_decay=" + python_repr(sgd->weight_decay()) +
@@ -149,6 +156,12 @@ void print_consolidated(const torch::optim::Optimizer& whole, const ParityConfig
           print_tensor("step", adam->step());
           print_tensor("exp_avg", adam->exp_avg());
           print_tensor("exp_avg_sq", adam->exp_avg_sq());
+        } else if (const auto* unfused =
+                       dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
+          // LibTorch counts in an int64; Python's step is a float32 tensor.
+          print_tensor("step", at::scalar_tensor(static_cast<double>(unfused->step()), at::kFloat));
+          print_tensor("exp_avg", unfused->exp_avg());
+          print_tensor("exp_avg_sq", unfused->exp_avg_sq());
         } else if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
           print_tensor("momentum_buffer", sgd->momentum_buffer());
         } else if (const auto* fsgd = dynamic_cast<const amp::optim::FusedSGDParamState*>(state)) {

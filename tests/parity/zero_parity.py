@@ -26,8 +26,9 @@ OMP_NUM_THREADS=1 (and AMP_TEST_FLIP_BIT=1 with --flip):
 The keys: every key of the scenario config (BASE below, overridden by SCENARIOS[name]) and
 steps=, batch=, in=, hidden=, out=, world= (W), phase= (all, first or second). The config keys:
     optim=adamw|sgd, lr=, weight_decay=, momentum= (sgd; "none" otherwise): the optimizer-wide
-        options (ZeroRedundancyOptimizer's **defaults); fused=1: built with fused=True, fused=0:
-        with foreach=False (the per-parameter loop).
+        options (ZeroRedundancyOptimizer's **defaults); fused=1: built with fused=True (amp's
+        FusedAdamW/FusedSGD), fused=0: with foreach=False, the per-parameter loop (amp::optim::AdamW,
+        LibTorch's SGD).
     bucket_view=0|1: parameters_as_bucket_view.
     groups=0|1: 0, one group of model.parameters(); 1, group 0 = fc1.weight, fc1.bias, fc2.weight,
         fc2.bias with the optimizer-wide options, group 1 = fc3.weight, fc3.bias with
@@ -102,6 +103,8 @@ BASE = dict(optim="adamw", lr="0.01", weight_decay="0.1", momentum="none", fused
 SCENARIOS = {
     # fused=1: the inner optimizer is built with fused=True; fused=0 with foreach=False.
     "adamw_fused": dict(),
+    # Python's default AdamW path against amp::optim::AdamW (LibTorch's class, Python's ops).
+    "adamw_unfused": dict(fused="0"),
     "sgd_momentum": dict(optim="sgd", lr="0.1", weight_decay="0.0", momentum="0.9", fused="0"),
     # Each rank's parameters live in one flat bucket per rank (params' data are views into it);
     # the broadcast after the step sends whole buckets.
