@@ -62,6 +62,15 @@ AMP_EXPORT c10::Dict<std::string, at::Tensor> state_dict(const torch::nn::Module
 AMP_EXPORT StateDictKeys load_state_dict(torch::nn::Module& module, const c10::IValue& state,
                                          bool strict = true);
 
+/// Python's `torch.nn.modules.utils.consume_prefix_in_state_dict_if_present`: removes `prefix`
+/// from every key of `state` that starts with it, in place, keeping the order. What Python's
+/// DistributedDataParallel (or torch.compile) saves names every entry under "module." (or
+/// "_orig_mod."): strip it before load_state_dict into the plain module, as amp's
+/// DistributedDataParallel wraps no names (`amp::state_dict(*ddp.module())`).
+/// Errors: c10::Error when `state` is not a dict with string keys (naming what it is).
+AMP_EXPORT void consume_prefix_in_state_dict_if_present(c10::IValue& state,
+                                                        const std::string& prefix);
+
 /// load_pickled(path), then load_state_dict(module, value, strict); errors name the file.
 AMP_EXPORT StateDictKeys load_state_dict(torch::nn::Module& module, const std::string& path,
                                          bool strict = true);

@@ -416,6 +416,26 @@ StateDictKeys load_state_dict(torch::nn::Module& module, const c10::IValue& stat
   return keys;
 }
 
+void consume_prefix_in_state_dict_if_present(c10::IValue& state, const std::string& prefix) {
+  TORCH_CHECK(state.isGenericDict(), "consume_prefix_in_state_dict_if_present: the state is a ",
+              state.tagKind(), ", not a state dict (a dict of names to tensors).");
+  auto dict = state.toGenericDict();
+  std::vector<std::string> keys;
+  for (const auto& item : dict) {
+    TORCH_CHECK(item.key().isString(), "consume_prefix_in_state_dict_if_present: the state has a ",
+                item.key().tagKind(), " key; a state dict's keys are names.");
+    keys.push_back(item.key().toStringRef());
+  }
+  // Python's order of operations: each prefixed entry is popped and set under its new name (at
+  // the end, or in place of an entry of that name).
+  for (const std::string& key : keys) {
+    if (key.rfind(prefix, 0) != 0) continue;
+    c10::IValue value = dict.at(key);
+    (void)dict.erase(key);  // one entry: the key came from this dict
+    dict.insert_or_assign(key.substr(prefix.size()), std::move(value));
+  }
+}
+
 StateDictKeys load_state_dict(torch::nn::Module& module, const std::string& path, bool strict) {
   const c10::IValue state = load_pickled(path);
   try {

@@ -85,6 +85,40 @@ TEST_CASE("A state dict saved by Python loads into the same model built in LibTo
   CHECK(expected.back()[0] == "3.num_batches_tracked");
 }
 
+TEST_CASE("A data-parallel Python run's state dict loads once its module. prefix is consumed",
+          "[serialize][state_dict][python]") {
+  amp_test::TempDir dir("state_dict");
+  const auto path = dir.path() / "ddp.pt";
+  // The script's "other" model (Gloo cannot broadcast mlp's float8 buffer).
+  const auto expected = python("ddp-write other " + quoted(path));
+  REQUIRE(expected.size() == 3);
+  CHECK(expected[0][0] == "module.extra");  // the Sequential's own buffer, then its child
+  torch::nn::Sequential model(torch::nn::Linear(4, 8));
+  model->register_buffer("extra", torch::ones({2}));
+  const auto before = rows(*model);
+  c10::IValue state = amp::load_pickled(path.string());
+  // As saved, every name is under "module.": a strict load lists them and changes nothing.
+  CHECK_THROWS_WITH(amp::load_state_dict(*model, state),
+                    Contains("Unexpected key(s): \"module.extra\", \"module.0.weight\", "
+                             "\"module.0.bias\"."));
+  CHECK(rows(*model) == before);
+  amp::consume_prefix_in_state_dict_if_present(state, "module.");
+  amp::load_state_dict(*model, state);
+  // Python's entries in Python's order, each under its plain name, bit for bit.
+  auto plain = expected;
+  for (auto& row : plain) row[0] = row[0].substr(std::string("module.").size());
+  CHECK(rows(*model) == plain);
+  // A prefix no key has changes nothing; a value that is no dict is refused with a sentence.
+  c10::IValue again = amp::state_dict(*model);
+  amp::consume_prefix_in_state_dict_if_present(again, "_orig_mod.");
+  CHECK(again.toGenericDict().size() == 3);
+  CHECK(again.toGenericDict().contains("extra"));
+  c10::IValue number(int64_t{3});
+  CHECK_THROWS_WITH(amp::consume_prefix_in_state_dict_if_present(number, "module."),
+                    Contains("consume_prefix_in_state_dict_if_present: the state is a Int, not a "
+                             "state dict"));
+}
+
 TEST_CASE("A state dict saved by amp loads in Python with weights_only=True, bit for bit",
           "[serialize][state_dict][python]") {
   amp_test::TempDir dir("state_dict");

@@ -14,6 +14,8 @@ reads the ones amp writes, printing what it saw as tab-separated lines.
                         untouched: loaded (HOW "file") or also loaded into torch.optim.AdamW
                         over IN's (bf16) parameters and taken back from it (HOW "optimizer"; with
                         keep_amp_state's hooks: HOW "optimizer-kept")
+  ddp-write MODEL PATH  torch.save(DistributedDataParallel(MODEL).state_dict(), PATH), one rank;
+                        prints its rows (names under "module.")
   checkpoint-write PATH two steps of a Linear-LayerNorm-Linear model with AdamW(fused=True) and
                         a GradScaler under CPU bf16 autocast; torch.save({"model", "optimizer",
                         "scaler", "step"}, PATH); prints the checkpoint's rows
@@ -150,6 +152,17 @@ def main():
         torch.save(m.state_dict(), args[1])
         for key, t in m.state_dict().items():
             row(key, t)
+    elif command == "ddp-write":
+        # What a data-parallel Python run saves: DistributedDataParallel's state_dict names
+        # every entry under "module." (a one-rank Gloo group).
+        import torch.distributed as dist
+        dist.init_process_group("gloo", store=dist.FileStore(args[1] + ".store", 1), rank=0,
+                                world_size=1)
+        ddp = torch.nn.parallel.DistributedDataParallel(model(args[0]))
+        torch.save(ddp.state_dict(), args[1])
+        for key, t in ddp.state_dict().items():
+            row(key, t)
+        dist.destroy_process_group()
     elif command == "read":
         m = model(args[0])
         state = torch.load(args[1], weights_only=True)
