@@ -1,7 +1,7 @@
 // mlp_fashion: a 784-512-256-10 MLP on MNIST-format data with what real training loops need,
-// under amp: AdamW (LibTorch's or amp's fused one), gradient accumulation, clipping through
-// GradScaler::unscale_and_clip_, a warmup + cosine learning-rate schedule, and a checkpoint every
-// epoch that resumes exactly.
+// under amp: AdamW (amp's fused one, or Python's unfused arithmetic), gradient accumulation,
+// clipping through GradScaler::unscale_and_clip_, a warmup + cosine learning-rate schedule, and a
+// checkpoint every epoch that resumes exactly (also as, and from, train.py's Python checkpoint).
 #include <amp/autocast.h>
 #include <amp/checkpoint.h>
 #include <amp/fp8.h>
@@ -16,7 +16,6 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/optim/adamw.h>
 #include <torch/utils.h>
 
 #include <algorithm>
@@ -55,9 +54,11 @@ constexpr std::int64_t kEvalChunk = 2000;
 // Written into every checkpoint; a reader refuses other versions instead of misreading them.
 constexpr std::int64_t kCheckpointFormat = 1;
 
-/// A value of --optimizer: the same AdamW update from LibTorch, or from amp over ATen's fused
-/// kernel (one kernel per step instead of a chain of small ops per parameter; with fp16 it also
-/// unscales the gradients and skips an overflowing step on the device).
+/// A value of --optimizer: the same AdamW update as Python's unfused AdamW computes it
+/// (amp::optim::AdamW, LibTorch's class with Python's op sequence, so a run moves to train.py
+/// and back bit for bit), or over ATen's fused kernel (one kernel per step instead of a chain of
+/// small ops per parameter; with fp16 it also unscales the gradients and skips an overflowing
+/// step on the device).
 struct OptimizerChoice {
   std::string_view name;
   /// How the settings line names it.
@@ -225,7 +226,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tenso
             .state_dtype(mode == "none" ? std::nullopt : std::optional(settings.state_dtype.dtype))
             .rounding_seed(settings.seed));
   }
-  return std::make_unique<torch::optim::AdamW>(
+  return std::make_unique<amp::optim::AdamW>(
       std::move(parameters),
       torch::optim::AdamWOptions(settings.lr).weight_decay(settings.weight_decay));
 }
@@ -250,7 +251,7 @@ EpochReport train_epoch(TrainingState& state, const ImageSet& train, const Setti
   const torch::Tensor order =
       torch::randperm(n, state.shuffle, torch::kInt64).to(train.labels.device());
   const auto float64 = train.images.options().dtype(torch::kFloat64);
-  // Device-side sums, read once at the end of the epoch. With LibTorch's AdamW, step() itself
+  // Device-side sums, read once at the end of the epoch. With amp::optim::AdamW, step() itself
   // still reads the overflow flag to decide whether to call the optimizer; with FusedAdamW the
   // loop has no host sync at all.
   torch::Tensor loss_sum = torch::zeros({}, float64);
@@ -540,8 +541,8 @@ void run(const Settings& settings) {
 amp_examples::CommandLine make_command_line(Settings& s) {
   amp_examples::CommandLine cli(
       "mlp_fashion",
-      "Trains an MLP (784-512-256-10, ReLU) on an MNIST-format dataset with AdamW (LibTorch's or\n"
-      "amp's fused one), gradient accumulation, gradient clipping through\n"
+      "Trains an MLP (784-512-256-10, ReLU) on an MNIST-format dataset with AdamW (Python's\n"
+      "unfused arithmetic or amp's fused one), gradient accumulation, gradient clipping through\n"
       "amp::GradScaler::unscale_and_clip_, a warmup + cosine learning-rate schedule and a\n"
       "checkpoint every epoch (--resume continues exactly), with the forward pass under\n"
       "amp::AutocastGuard (fp16 with GradScaler loss scaling).");
@@ -550,7 +551,8 @@ amp_examples::CommandLine make_command_line(Settings& s) {
   cli.add_integer_option("batch-size", "N", "images per forward/backward pass", s.batch_size, 1);
   cli.add_integer_option("accumulate", "N", "micro-batches per optimizer step", s.accumulate, 1);
   cli.add_choice_option("optimizer",
-                        "LibTorch's AdamW, or amp::optim::FusedAdamW (ATen's fused kernel)",
+                        "amp::optim::AdamW (Python's unfused AdamW), or amp::optim::FusedAdamW "
+                        "(ATen's fused kernel)",
                         kOptimizers, s.optimizer);
   cli.add_positive_option("lr", "RATE", "AdamW's peak learning rate", s.lr);
   cli.add_positive_option("weight-decay", "W", "AdamW's decoupled weight decay", s.weight_decay);

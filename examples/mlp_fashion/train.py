@@ -1,15 +1,18 @@
 """mlp_fashion's training loop in Python (PyTorch alone, no amp): the same MLP, data order,
 autocast, fused AdamW, clipping, warmup + cosine schedule and epoch lines as main.cpp, with the
 checkpoint of `mlp_fashion --checkpoint-format python`. Either program resumes the other's
-checkpoint, and for fp32 and bf16 both print the same epoch lines and parameter fingerprint.
+checkpoint, and both print the same epoch lines and parameter fingerprint.
 
     python train.py --data DIR [--epochs N] [--batch-size N] [--accumulate N]
                     [--optimizer fused-adamw|adamw] [--lr R] [--weight-decay W]
-                    [--warmup-steps N] [--clip NORM] [--seed N] [--precision fp32|bf16]
+                    [--warmup-steps N] [--clip NORM] [--seed N]
+                    [--precision fp32|bf16|fp16] [--init-scale S]
                     [--checkpoint PATH [--resume]] [--stop-after N]
 
-Supported: the CPU, --precision fp32 and bf16 (no loss scaling) and fp32 weights; the C++
-program's other options keep their defaults, which the checkpoint's settings record.
+Supported: the CPU, --precision fp32, bf16 and fp16 (with GradScaler's loss scaling) and fp32
+weights; the C++ program's other options keep their defaults, which the checkpoint's settings
+record. With --clip below the gradient norm the two programs differ in the last bits:
+clip_grad_norm_ rounds the norm and scales the gradients its own way (examples/mlp_fashion/README.md).
 """
 import argparse
 import gzip
@@ -90,15 +93,31 @@ def settings_of(args, train_size):
             "clip": args.clip, "seed": args.seed, "training images": train_size}
 
 
-def forward_loss(model, images, labels, bf16):
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+# The autocast dtype of each --precision; fp32 runs without autocast.
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(precision):
+    dtype = AUTOCAST_DTYPES[precision]
+    return torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
+def forward_loss(model, images, labels, precision):
+    with autocast(precision):
         logits = model(images)
         return F.cross_entropy(logits, labels)
 
 
-def train_epoch(model, opt, schedule, shuffle, train, args):
+def scale_text(scale):
+    """The loss scale as main.cpp prints a double (fmt's shortest form: 65536, not 65536.0)."""
+    return str(int(scale)) if scale.is_integer() and abs(scale) < 1e16 else repr(scale)
+
+
+def train_epoch(model, opt, scaler, schedule, shuffle, train, args):
     """main.cpp's train_epoch: accumulated micro-batches weighted by their share of the step,
-    clipping, the schedule's rate, then the step."""
+    unscaling and clipping, the schedule's rate, then the step, which the scaler skips when a
+    gradient overflowed (fp16). Returns the mean loss, the mean norm and the clipped count over
+    the steps taken, and the steps taken and skipped."""
     model.train()
     images, labels = train
     n = labels.shape[0]
@@ -106,7 +125,7 @@ def train_epoch(model, opt, schedule, shuffle, train, args):
     loss_sum = torch.zeros((), dtype=torch.float64)
     norm_sum = torch.zeros((), dtype=torch.float64)
     clipped = torch.zeros((), dtype=torch.float64)
-    steps = 0
+    steps = skipped = 0
     group_images = args.batch_size * args.accumulate
     for group in range(0, n, group_images):
         group_end = min(group + group_images, n)
@@ -114,27 +133,35 @@ def train_epoch(model, opt, schedule, shuffle, train, args):
             end = min(start + args.batch_size, group_end)
             index = order[start:end]
             loss = forward_loss(model, images.index_select(0, index),
-                                labels.index_select(0, index), args.precision == "bf16")
-            (loss * ((end - start) / (group_end - group))).backward()
+                                labels.index_select(0, index), args.precision)
+            scaler.scale(loss * ((end - start) / (group_end - group))).backward()
             loss_sum += loss.detach() * (end - start)
+        scaler.unscale_(opt)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         for g in opt.param_groups:
             g["lr"] = schedule.current()
-        opt.step()
+        scale = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
         steps += 1
-        norm_sum += norm
-        clipped += norm.gt(args.clip)
+        # The scale halves exactly when the scaler skipped the step (an inf or NaN gradient).
+        if scaler.is_enabled() and scaler.get_scale() < scale:
+            skipped += 1
+        else:
+            norm_sum += norm
+            clipped += norm.gt(args.clip)
         opt.zero_grad()
         schedule.step += 1
-    return (loss_sum.item() / n, norm_sum.item() / steps if steps else 0.0,
-            int(clipped.item()), steps)
+    taken = steps - skipped
+    return (loss_sum.item() / n, norm_sum.item() / taken if taken else 0.0,
+            int(clipped.item()), taken, skipped)
 
 
-def test_accuracy(model, test, bf16):
+def test_accuracy(model, test, precision):
     model.eval()
     images, labels = test
     correct = torch.zeros((), dtype=torch.int64)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.no_grad(), autocast(precision):
         for start in range(0, labels.shape[0], EVAL_CHUNK):
             predicted = model(images[start:start + EVAL_CHUNK]).argmax(1)
             correct += predicted.eq(labels[start:start + EVAL_CHUNK]).sum()
@@ -162,7 +189,8 @@ def main():
     parser.add_argument("--warmup-steps", type=int, default=100)
     parser.add_argument("--clip", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
+    parser.add_argument("--precision", choices=list(AUTOCAST_DTYPES), default="bf16")
+    parser.add_argument("--init-scale", type=float, default=65536.0)
     parser.add_argument("--checkpoint")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--stop-after", type=int)
@@ -176,11 +204,12 @@ def main():
     torch.manual_seed(args.seed)
     model = Mlp()
     # Python's AdamW on the CPU: fused as amp::optim::FusedAdamW, or its default single-tensor
-    # path (main.cpp's --optimizer adamw is LibTorch's AdamW, which rounds differently).
+    # path as amp::optim::AdamW.
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                             fused=args.optimizer == "fused-adamw", foreach=False)
-    # Disabled for fp32 and bf16, as main.cpp's; its state dict is then empty.
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    # Enabled for fp16 only, as main.cpp's; a disabled scaler's state dict is empty.
+    scaler = torch.amp.GradScaler("cpu", init_scale=args.init_scale,
+                                  enabled=args.precision == "fp16")
     schedule = WarmupCosine(args.lr, args.warmup_steps, args.epochs * steps)
     shuffle = torch.Generator().manual_seed(args.seed)
     settings = settings_of(args, n)
@@ -209,9 +238,12 @@ def main():
     last = min(args.epochs, args.stop_after or args.epochs)
     accuracy = None
     while epochs_done < last:
-        loss, norm, clipped, taken = train_epoch(model, opt, schedule, shuffle, train, args)
+        loss, norm, clipped, taken, skipped = train_epoch(model, opt, scaler, schedule, shuffle,
+                                                          train, args)
         epochs_done += 1
-        accuracy = test_accuracy(model, test, args.precision == "bf16")
+        accuracy = test_accuracy(model, test, args.precision)
+        scale_note = (f", loss scale {scale_text(scaler.get_scale())}, skipped steps {skipped} of "
+                      f"{taken + skipped}" if scaler.is_enabled() else "")
         if args.checkpoint:
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                         "scaler": scaler.state_dict(),
@@ -220,9 +252,9 @@ def main():
                         "format": CHECKPOINT_FORMAT, "settings": settings}, args.checkpoint)
         print(f"epoch {epochs_done}/{args.epochs}: mean train loss {loss:.6f}, test accuracy "
               f"{100 * accuracy:.2f}%, grad norm {norm:.4f} (clipped {clipped} of {taken} "
-              f"steps), next lr {schedule.current():.6g}, 0.00 s", flush=True)
+              f"steps), next lr {schedule.current():.6g}{scale_note}, 0.00 s", flush=True)
     if accuracy is None:
-        accuracy = test_accuracy(model, test, args.precision == "bf16")
+        accuracy = test_accuracy(model, test, args.precision)
     if epochs_done < args.epochs:
         print(f"stopped after epoch {epochs_done} of {args.epochs} (--stop-after); continue "
               "with --resume")

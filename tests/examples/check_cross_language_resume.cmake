@@ -8,7 +8,8 @@
 # fingerprint to equal those of the other language's uninterrupted run, and the two uninterrupted
 # runs to agree with each other.
 #   PROGRAM (mlp_fashion), PYTHON, SCRIPT (train.py), ARGS ("|"-separated, without --epochs,
-#   --checkpoint and --checkpoint-format), EPOCHS, STOP_AFTER, WORK_DIR
+#   --checkpoint and --checkpoint-format), EPOCHS, STOP_AFTER, WORK_DIR; optionally EXPECT, a
+#   regex both uninterrupted runs' output must match (so a case shows it exercised what it names)
 cmake_minimum_required(VERSION 3.25)
 
 include("${CMAKE_CURRENT_LIST_DIR}/run_helpers.cmake")
@@ -31,6 +32,10 @@ endfunction()
 foreach(_language IN ITEMS cpp python)
   run_in(${_language} _whole_${_language} --epochs ${EPOCHS}
          --checkpoint "${WORK_DIR}/whole_${_language}.pt")
+  if(DEFINED EXPECT)
+    require_match("${_whole_${_language}}" "${EXPECT}"
+                  "the ${_language} run's output does not match '${EXPECT}':\n${_whole_${_language}}")
+  endif()
   epoch_lines(_lines_${_language} "${_whole_${_language}}" ${STOP_AFTER})
   set(_params_${_language} "${_lines_${_language}_params}")
 endforeach()
