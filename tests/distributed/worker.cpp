@@ -33,6 +33,7 @@
 #include <amp/fp8.h>
 #include <amp/grad_scaler.h>
 #include <amp/optim.h>
+#include <amp/state_dict.h>
 
 #include "fp8/amax_batch.h"
 #include "support/host_reads.h"
@@ -455,7 +456,11 @@ struct ParityNet : torch::nn::Module {
 
 // The twin of ddp_parity.py's PyTorch ranks: the same model (rank r starts from its own weights;
 // DDP broadcasts rank 0's), data, GradScaler, SGD with momentum and DDP options, with amp's
-// DistributedDataParallel; prints the scale and the parameters after every step.
+// DistributedDataParallel; prints the scale and the parameters after every step. A run moved
+// between the languages: with save=PATH, rank 0 writes the checkpoint a Python DDP loop writes
+// ({"model", "optimizer", "scaler", "step"} as Python's state_dict()s) after move_step steps and
+// every rank stops there; with resume=PATH, every rank reads such a file (a Python one names the
+// model's entries "module.", as Python's ddp.state_dict() does) and runs the steps from move_step.
 void ddp_parity(const dist::TorchrunEnv& env, const std::string& dir, const ParityConfig& config) {
   const int64_t steps = config.integer("steps"), accumulate = config.integer("accumulate"),
                 batch = config.integer("batch"), in = config.integer("in"),
@@ -471,6 +476,17 @@ void ddp_parity(const dist::TorchrunEnv& env, const std::string& dir, const Pari
           read_raw(mine + named.key() + ".bin", named.value().sizes().vec(), at::kFloat));
     }
   }
+  const std::string& save = config.at("save");
+  const std::string& resume = config.at("resume");
+  const int64_t move_step = config.at("move_step") == "none" ? -1 : config.integer("move_step");
+  c10::impl::GenericDict checkpoint(c10::StringType::get(), c10::AnyType::get());
+  if (resume != "none") {
+    // Loaded before the wrap, as a Python loop does; DDP's broadcast then changes nothing.
+    checkpoint = amp::load_pickled(resume).toGenericDict();
+    c10::IValue model_state = checkpoint.at("model");
+    amp::consume_prefix_in_state_dict_if_present(model_state, "module.");
+    amp::load_state_dict(*model, model_state);
+  }
   const std::string data = dir + "/rank" + std::to_string(env.rank);
   const at::Tensor xs = read_raw(data + "_x.bin", {steps, accumulate, batch, in}, at::kFloat);
   const at::Tensor ys = read_raw(data + "_y.bin", {steps, accumulate, batch}, at::kLong);
@@ -485,8 +501,15 @@ void ddp_parity(const dist::TorchrunEnv& env, const std::string& dir, const Pari
       amp::GradScalerOptions().init_scale(config.real("init_scale")).growth_interval(2);
   scaler_options.found_inf_sync(dist::found_inf_sync(group));
   amp::GradScaler scaler(c10::DeviceType::CPU, scaler_options);
+  int64_t first = 0;
+  if (resume != "none") {
+    amp::load_optimizer_state_dict(optimizer, checkpoint.at("optimizer"));
+    scaler.load_state_dict(checkpoint.at("scaler").toGenericDict());
+    first = checkpoint.at("step").toInt();
+    if (first != move_step) throw std::runtime_error("the checkpoint is not of move_step");
+  }
   const bool flip = std::getenv("AMP_TEST_FLIP_BIT") != nullptr;
-  for (int64_t step = 0; step < steps; ++step) {
+  for (int64_t step = first; step < steps; ++step) {
     ddp.zero_grad();  // Python's set_to_none; LibTorch's would detach_() bucket views
     for (int64_t micro = 0; micro < accumulate; ++micro) {
       const auto run = [&] {
@@ -522,6 +545,17 @@ void ddp_parity(const dist::TorchrunEnv& env, const std::string& dir, const Pari
       std::vector<at::Tensor> buffers;
       for (const auto& b : model->buffers()) buffers.push_back(b.detach().reshape({-1}));
       print(key + ".buffers", hex(at::cat(buffers)));
+    }
+    if (save != "none" && step + 1 == move_step) {
+      if (env.rank == 0) {
+        c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+        out.insert("model", amp::state_dict(*model));
+        out.insert("optimizer", amp::optimizer_state_dict(optimizer));
+        out.insert("scaler", scaler.state_dict());
+        out.insert("step", move_step);
+        amp::save_pickled(out, save);
+      }
+      return;
     }
   }
   print("side.weight.grad", model->side->weight.grad().defined() ? "defined" : "undefined");

@@ -9,6 +9,15 @@ scenario: amp::distributed::DistributedDataParallel, amp::GradScaler with found_
 same weights and data, started as torchrun starts ranks. The scale and every parameter after every
 step must be equal bit for bit on every rank. With --flip the worker flips one bit of one weight
 on rank 0 after step 2, and the run must then report mismatches (the comparison can fail).
+
+A scenario with a move_step K also moves the run between the languages at step K, both ways:
+PyTorch's ranks stop after K steps and rank 0 saves {"model": ddp.state_dict(), "optimizer",
+"scaler", "step"} with torch.save, and amp's ranks resume from that file; then amp's ranks stop
+and save the same dict (amp::save_pickled), and PyTorch's ranks resume from it. Steps K and after
+of each resumed run must equal, on every rank, those of PyTorch's ranks resumed from PyTorch's
+own file. (Not its uninterrupted run's: at 3 ranks PyTorch's resumed run itself differs from
+its uninterrupted run in the last bits of the parameters; the script prints how many lines
+agree.)
 """
 import os
 import socket
@@ -20,13 +29,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from worker_ranks import count_mismatches, run_worker_ranks, write_rank_weights
 
 STEPS, BATCH, IN, HIDDEN, OUT = 6, 16, 32, 64, 10
 BASE = dict(hook="none", autocast="none", accumulate="1", unused="0", bucket_cap_mb="default",
             init_scale=str(2.0 ** 16), static_graph="0", inf_at="none", bad_value="inf",
-            bucket_view="0", batch_norm="0")
+            bucket_view="0", batch_norm="0", move_step="none", save="none", resume="none")
 SCENARIOS = {
     "plain": dict(init_scale="1024"),
     "fp16_autocast": dict(autocast="fp16"),
@@ -55,6 +65,9 @@ SCENARIOS = {
     # A BatchNorm1d after fc1: its running statistics are broadcast from rank 0 before every
     # forward (broadcast_buffers), then updated by each rank's own batch; compared every step.
     "buffers": dict(batch_norm="1"),
+    # Moved between the languages after step 3 (the scale has grown at steps 1 and 3); rank 1's
+    # inf at step 4 makes the resumed runs skip and back off.
+    "moved_between_languages": dict(autocast="fp16", inf_at="1:4", move_step="3"),
 }
 
 
@@ -97,6 +110,13 @@ def ddp_rank(rank, world, port, workdir, config, results):
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(load(f"{workdir}/rank{rank}_{name}.bin", p))
+    checkpoint = None
+    if config["resume"] != "none":
+        # Every rank reads the file, and the model loads before DDP wraps it, as a Python loop
+        # does; consume_prefix takes off a "module." that a ddp.state_dict() would have.
+        checkpoint = torch.load(config["resume"], weights_only=True)
+        consume_prefix_in_state_dict_if_present(checkpoint["model"], "module.")
+        model.load_state_dict(checkpoint["model"])
     ddp = torch.nn.parallel.DistributedDataParallel(
         model, find_unused_parameters=unused, static_graph=config["static_graph"] == "1",
         gradient_as_bucket_view=config["bucket_view"] == "1",
@@ -111,8 +131,14 @@ def ddp_rank(rank, world, port, workdir, config, results):
                          dtype=torch.int64).view(STEPS, acc, BATCH)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scaler = torch.amp.GradScaler("cpu", init_scale=float(config["init_scale"]), growth_interval=2)
+    first = 0
+    if checkpoint is not None:
+        opt.load_state_dict(checkpoint["optimizer"])
+        scaler.load_state_dict(checkpoint["scaler"])
+        first = checkpoint["step"]
+        assert first == int(config["move_step"]), "the checkpoint is not of move_step"
     lines = []
-    for step in range(STEPS):
+    for step in range(first, STEPS):
         opt.zero_grad()
         for micro in range(acc):
             def run():
@@ -134,15 +160,56 @@ def ddp_rank(rank, world, port, workdir, config, results):
         if model.bn is not None:
             lines.append((f"step{step}.buffers",
                           hexes(torch.cat([b.detach().float().reshape(-1) for b in model.buffers()]))))
+        if config["save"] != "none" and step + 1 == int(config["move_step"]):
+            if rank == 0:
+                torch.save({"model": ddp.state_dict(), "optimizer": opt.state_dict(),
+                            "scaler": scaler.state_dict(), "step": step + 1}, config["save"])
+            break
     lines.append(("side.weight.grad", "undefined" if model.side.weight.grad is None else "defined"))
     results[rank] = dict(lines)
     dist.destroy_process_group()
 
 
-def amp_ranks(worker, world, workdir, config, flip):
+def amp_ranks(worker, world, workdir, config, flip, label=""):
     args = [f"{k}={v}" for k, v in config.items()] + [
         f"steps={STEPS}", f"batch={BATCH}", f"in={IN}", f"hidden={HIDDEN}", f"out={OUT}"]
-    return run_worker_ranks(worker, ["ddp_parity", workdir] + args, world, "", flip)
+    return run_worker_ranks(worker, ["ddp_parity", workdir] + args, world, label, flip)
+
+
+def ddp_ranks(world, workdir, config):
+    """PyTorch's ranks: each rank's "key value" lines, as a list."""
+    results = mp.Manager().dict()
+    mp.spawn(ddp_rank, args=(world, free_port(), workdir, config, results), nprocs=world,
+             join=True)
+    return [results[r] for r in range(world)]
+
+
+def compare_moves(world, config, flip, worker, workdir, reference):
+    """The run moved at move_step, Python to C++ and C++ to Python; returns the mismatches against
+    PyTorch's own run resumed from PyTorch's file (the bits a Python user resuming gets)."""
+    move = int(config["move_step"])
+    from_python, from_cpp = f"{workdir}/moved_from_python.pt", f"{workdir}/moved_from_cpp.pt"
+    ddp_ranks(world, workdir, dict(config, save=from_python))
+    expected = ddp_ranks(world, workdir, dict(config, resume=from_python))
+    amp_resumed = amp_ranks(worker, world, workdir, dict(config, resume=from_python), flip,
+                            "resumed_")
+    failures = count_mismatches(("amp resumed from Python's file", "DDP resumed"), expected,
+                                amp_resumed, world)
+    amp_ranks(worker, world, workdir, dict(config, save=from_cpp), flip, "saving_")
+    python_resumed = ddp_ranks(world, workdir, dict(config, resume=from_cpp))
+    failures += count_mismatches(("DDP resumed from amp's file", "DDP resumed"), expected,
+                                 python_resumed, world)
+    # Each resumed run printed the steps after the move only, and each of them.
+    for lines in expected + amp_resumed + python_resumed:
+        if "step0.params" in lines or f"step{move}.params" not in lines:
+            print("  a resumed run did not start at the move")
+            failures += 1
+    unchanged = sum(expected[r][k] == reference[r][k] for r in range(world)
+                    for k in expected[r] if k.startswith("step"))
+    print(f"{world} ranks, moved after step {move} both ways: {failures} mismatches; PyTorch's "
+          f"resumed run equals its uninterrupted one on {unchanged} of "
+          f"{sum(k.startswith('step') for r in expected for k in r)} lines")
+    return failures
 
 
 def write_inputs(workdir, world, config):
@@ -163,10 +230,7 @@ def write_inputs(workdir, world, config):
 def compare(world, config, flip, worker, workdir):
     os.makedirs(workdir, exist_ok=True)
     write_inputs(workdir, world, config)
-    results = mp.Manager().dict()
-    mp.spawn(ddp_rank, args=(world, free_port(), workdir, config, results), nprocs=world,
-             join=True)
-    reference = [results[r] for r in range(world)]
+    reference = ddp_ranks(world, workdir, config)
     amp_results = amp_ranks(worker, world, workdir, config, flip)
     failures = count_mismatches(("amp", "DDP"), reference, amp_results, world)
     scales = [struct.unpack(">f", bytes.fromhex(reference[0][f"step{s}.scale"]))[0]
@@ -183,6 +247,8 @@ def compare(world, config, flip, worker, workdir):
     if config["batch_norm"] == "1" and reference[0]["step5.buffers"] == reference[1]["step5.buffers"]:
         print("  the ranks' running statistics are equal: the scenario does not test the broadcast")
         failures += 1
+    if config["move_step"] != "none":
+        failures += compare_moves(world, config, flip, worker, workdir, reference)
     return failures, amp_results
 
 
