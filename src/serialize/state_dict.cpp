@@ -8,6 +8,7 @@
 #include <amp/optim/lion.h>
 #include <amp/optim/sgd.h>
 #include <amp/optim/unfused_adam.h>
+#include <amp/optim/wraps_optimizer.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -518,7 +519,15 @@ bool is_a(const torch::optim::Optimizer& optimizer) {
   return dynamic_cast<const T*>(&optimizer) != nullptr;
 }
 
-OptimizerTraits traits_of(const torch::optim::Optimizer& optimizer) {
+// The optimizer whose arithmetic `optimizer` runs: itself, or what it wraps
+// (ZeroRedundancyOptimizer's inner optimizer).
+const torch::optim::Optimizer& unwrapped(const torch::optim::Optimizer& optimizer) {
+  const auto* wrapper = dynamic_cast<const amp::optim::WrapsOptimizer*>(&optimizer);
+  return wrapper != nullptr ? unwrapped(wrapper->wrapped_optimizer()) : optimizer;
+}
+
+OptimizerTraits traits_of(const torch::optim::Optimizer& wrapper) {
+  const torch::optim::Optimizer& optimizer = unwrapped(wrapper);
   // amp's unfused Adam/AdamW derive from LibTorch's, so they are asked first.
   if (is_a<amp::optim::FusedAdam>(optimizer)) return {"amp::optim::FusedAdam", false, true, true};
   if (is_a<amp::optim::FusedAdamW>(optimizer)) return {"amp::optim::FusedAdamW", true, true, true};
@@ -645,8 +654,7 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
 
   // FusedLion counts its steps (for the rounding bits) but its update does not read the count;
   // lion-pytorch keeps no count, so its entries start counting at 0 here.
-  const bool count_may_be_missing =
-      dynamic_cast<const amp::optim::FusedLion*>(&optimizer) != nullptr;
+  const bool count_may_be_missing = is_a<amp::optim::FusedLion>(unwrapped(optimizer));
   torch::serialize::OutputArchive state_archive(unit);
   for (const auto& item : dict.at("state").toGenericDict()) {
     if (!item.key().isInt() || !item.value().isGenericDict()) {

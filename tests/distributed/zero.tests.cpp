@@ -167,6 +167,15 @@ TEST_CASE("ZeroRedundancyOptimizer's misuse and damaged checkpoints end in sente
     CHECK(v.at("unchanged.damaged_shard") == "1");
     CHECK(v.at("unchanged.after_all") == "1");
     CHECK(v.at("loaded_good") == "1");
+    // Python's format of the consolidated state names FusedAdamW's implementation, and a group
+    // of Python's Adam is refused with the shards unchanged.
+    CHECK(v.at("python.fused") == "1");
+    CHECK(v.at("python.decoupled") == "1");
+    CHECK_THAT(v.at("error.python_adam_group"),
+               Contains("param group 0 of the state has decoupled_weight_decay=False (Python's "
+                        "Adam) but amp::optim::FusedAdamW's weight decay is decoupled"));
+    CHECK(v.at("unchanged.python_adam_group") == "1");
+    CHECK(v.at("loaded_python") == "1");
   }
   CHECK_THAT(results[1].values.at("error.not_target"),
              Contains("rank 1 holds no consolidated state; the last consolidate_state_dict "

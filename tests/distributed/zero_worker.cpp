@@ -25,6 +25,7 @@
 #include <amp/grad_scaler.h>
 #include <amp/low_precision.h>
 #include <amp/optim.h>
+#include <amp/state_dict.h>
 
 #include "support/bits.h"
 
@@ -184,11 +185,20 @@ void zero_parity(const amp::distributed::TorchrunEnv& env, const std::string& di
   const std::string phase = config.at("phase");
   const int64_t start = phase == "second" ? steps : 0;
   const std::string checkpoint = dir + "/ckpt";
+  // ckpt=swapped: phase second resumes from the other language's file (Python's torch.save dict
+  // of model, consolidated optimizer and scaler state_dict()s), and phase first also writes amp's
+  // twin of it for Python.
+  const bool swapped = config.at("ckpt") == "swapped";
   auto group = dist::init_gloo_from_torchrun(group_options());
   auto model = std::make_shared<ZeroNet>(in, hidden, out);
+  c10::impl::GenericDict python_checkpoint(c10::StringType::get(), c10::AnyType::get());
   {
     at::NoGradGuard no_grad;
-    if (phase == "second") {
+    if (phase == "second" && swapped) {
+      // Every rank reads the whole file, as every Python rank does.
+      python_checkpoint = amp::load_pickled(dir + "/torch_ckpt.pt").toGenericDict();
+      amp::load_state_dict(*model, python_checkpoint.at("model"));
+    } else if (phase == "second") {
       std::vector<at::Tensor> saved;
       torch::load(saved, checkpoint + "/model.pt");
       const auto params = model->parameters();
@@ -233,7 +243,12 @@ void zero_parity(const amp::distributed::TorchrunEnv& env, const std::string& di
                          amp::GradScalerOptions()
                              .init_scale(config.real("init_scale"))
                              .growth_interval(config.integer("growth_interval")));
-  if (phase == "second") {
+  if (phase == "second" && swapped) {
+    // The consolidated state of all parameters; each rank keeps its part, as Python's
+    // ZeroRedundancyOptimizer.load_state_dict does.
+    amp::load_optimizer_state_dict(zero, python_checkpoint.at("optim"));
+    scaler.load_state_dict(python_checkpoint.at("scaler").toGenericDict());
+  } else if (phase == "second") {
     zero.load_sharded(checkpoint);
     scaler.load_state_dict(checkpoint + "/scaler.pt");
   }
@@ -296,6 +311,15 @@ void zero_parity(const amp::distributed::TorchrunEnv& env, const std::string& di
       for (const auto& p : model->parameters()) params.push_back(p.detach().clone());
       torch::save(params, checkpoint + "/model.pt");
       scaler.save_state_dict(checkpoint + "/scaler.pt");
+      if (swapped) {
+        // The consolidated state; its groups name the inner optimizer's implementation, which
+        // Python needs to continue with the same arithmetic.
+        c10::impl::GenericDict file(c10::StringType::get(), c10::AnyType::get());
+        file.insert("model", amp::state_dict(*model));
+        file.insert("optim", amp::optimizer_state_dict(zero));
+        file.insert("scaler", scaler.state_dict());
+        amp::save_pickled(file, dir + "/amp_python_ckpt.pt");
+      }
     }
     // The second phase starts once rank 0's files exist.
     group->barrier()->wait();
@@ -539,6 +563,26 @@ void zero_errors(const dist::TorchrunEnv& env, const std::string& dir) {
   const std::string good = dir + "/good";
   zero.save_sharded(good);
   const std::string before = shard_state();
+  // Python's format: rank 0 writes the consolidated state as Python's optimizer.state_dict().
+  // Its groups name the inner optimizer's implementation (WrapsOptimizer), and a group that
+  // optimizer would not compute is refused on every rank, the shards unchanged.
+  const std::string python_file = dir + "/python.pt";
+  if (env.rank == 0) amp::save_optimizer_state_dict(zero, python_file);
+  group->barrier()->wait();
+  const c10::IValue python_state = amp::load_pickled(python_file);
+  auto first_group =
+      python_state.toGenericDict().at("param_groups").toList().get(0).toGenericDict();
+  const auto flag = [&](const char* key) {
+    return first_group.contains(key) && first_group.at(key).toBool() ? "1" : "0";
+  };
+  print("python.fused", flag("fused"));
+  print("python.decoupled", flag("decoupled_weight_decay"));
+  first_group.insert_or_assign("decoupled_weight_decay", false);  // Python's Adam
+  attempt("python_adam_group", [&] { amp::load_optimizer_state_dict(zero, python_state); });
+  print("unchanged.python_adam_group", shard_state() == before ? "1" : "0");
+  first_group.insert_or_assign("decoupled_weight_decay", true);
+  amp::load_optimizer_state_dict(zero, python_state);
+  print("loaded_python", shard_state() == before ? "1" : "0");
   // A damaged shard: rank 1 cuts its own file in half.
   const std::string damaged = dir + "/damaged";
   zero.save_sharded(damaged);

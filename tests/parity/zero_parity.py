@@ -40,6 +40,11 @@ steps=, batch=, in=, hidden=, out=, world= (W), phase= (all, first or second). T
         growth_interval=..), other options default.
     inf_at=none|R:K: rank R's input x[K][0][0] is +inf (already in the file; for information).
     bucket_cap_mb=: DDP's bucket_cap_mb. reshard=0|1: the scenario runs as phases first, second.
+    ckpt=own|swapped: phase second resumes from its own language's checkpoint, or from the other
+        language's (amp from this script's torch_ckpt.pt, read with amp::load_pickled and loaded
+        with amp::load_state_dict / load_optimizer_state_dict; this script from the
+        amp_python_ckpt.pt rank 0 of the worker's phase first writes with amp::save_pickled: the
+        same dict, {"model", "optim": the consolidated state_dict(), "scaler"}).
 
 Input files in WORKDIR, raw little-endian, C order:
     rank{r}_{name}.bin   float32 initial value of parameter `name` (fc1.weight, fc1.bias, ...,
@@ -49,7 +54,8 @@ Input files in WORKDIR, raw little-endian, C order:
     rank{r}_y.bin        int64 [steps, batch], rank r's targets (phases all and first)
     second_rank{r}_x.bin, second_rank{r}_y.bin   the same for phase second, for its W ranks.
 The worker keeps its own checkpoint in WORKDIR/ckpt (phase first writes it, second reads it); this
-script's own checkpoint is WORKDIR/torch_ckpt.pt.
+script's own checkpoint is WORKDIR/torch_ckpt.pt (and, with ckpt=swapped, amp's twin of it
+WORKDIR/amp_python_ckpt.pt).
 
 Each step: every model gradient is set to undefined (model.zero_grad(set_to_none=True), so the side
 head's gradients do not accumulate while it is outside the optimizer), the forward runs through DDP
@@ -99,7 +105,7 @@ BASE = dict(optim="adamw", lr="0.01", weight_decay="0.1", momentum="none", fused
             bucket_view="0", groups="0", group1_lr="none", group1_weight_decay="none",
             side_lr="none", add_group_at="none", frozen="none", autocast="none",
             init_scale=str(2.0 ** 16), growth_interval="2", inf_at="none",
-            bucket_cap_mb="0.004", reshard="0")
+            bucket_cap_mb="0.004", reshard="0", ckpt="own")
 SCENARIOS = {
     # fused=1: the inner optimizer is built with fused=True; fused=0 with foreach=False.
     "adamw_fused": dict(),
@@ -124,6 +130,11 @@ SCENARIOS = {
     "bf16_inf": dict(autocast="bf16", inf_at="1:3"),
     # 3 steps at one world size, consolidate and save, 3 more steps at the other.
     "reshard": dict(reshard="1"),
+    # The same, each language resuming from the other's file (torch.save's dict of Python's
+    # state_dict()s), under bf16 autocast with an inf after the move; PyTorch resumed from amp's
+    # file must also equal PyTorch resumed from its own.
+    "reshard_between_languages": dict(reshard="1", ckpt="swapped", autocast="bf16",
+                                      inf_at="1:4"),
     # The features together: bucket views rebuilt by an add_param_group, a frozen parameter in
     # a bucket, bf16 autocast with an inf on one rank.
     "together": dict(bucket_view="1", groups="1", group1_lr="0.003", group1_weight_decay="0.01",
@@ -255,7 +266,10 @@ def torch_rank(rank, world, port, workdir, config, phase, sharded, results):
     checkpoint = None
     if phase == "second":
         # Each rank reads its own copy: ZeRO's load_state_dict writes into the dict it is given.
-        checkpoint = torch.load(checkpoint_path(workdir, sharded), weights_only=False)
+        path = checkpoint_path(workdir, sharded)
+        if config["ckpt"] == "swapped":
+            path = f"{workdir}/amp_python_ckpt.pt"
+        checkpoint = torch.load(path, weights_only=config["ckpt"] == "swapped")
         model.load_state_dict(checkpoint["model"])
     else:
         with torch.no_grad():
@@ -445,6 +459,12 @@ def run_scenario(scenario, workdir, worker, flip):
                 got = amp_ranks(worker, world, casedir, config, phase, flip)
                 failures += count_mismatches(("amp", "ZeRO"), lines, got, world)
                 compared = sum(len(z) for z in lines)
+                if phase == "second" and config["ckpt"] == "swapped":
+                    # Resuming from amp's file gives what resuming from PyTorch's own gives.
+                    own = run_torch(world, casedir, dict(config, ckpt="own"), phase, True)
+                    failures += count_mismatches(("ZeRO from amp's file", "ZeRO from its own"),
+                                                 [o[0] for o in own], lines, world)
+                    compared += sum(len(o[0]) for o in own)
             summary(world, phase, lines, facts, compared, failures)
             total += failures
     print(f"scenario {scenario}: {total} mismatches")

@@ -18,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <amp/distributed_export.h>
+#include <amp/optim/wraps_optimizer.h>
 #include <amp/scaler_hooks.h>
 
 namespace amp::distributed {
@@ -73,7 +74,8 @@ struct AMP_DISTRIBUTED_EXPORT ZeroRedundancyOptimizerOptions {
 /// consolidate_state_dict, save_sharded and load_sharded. add_param_group communicates nothing, but
 /// every rank must make it: each computes the partition itself.
 class AMP_DISTRIBUTED_EXPORT ZeroRedundancyOptimizer : public torch::optim::Optimizer,
-                                                       public amp::optim::SupportsAmpScaling {
+                                                       public amp::optim::SupportsAmpScaling,
+                                                       public amp::optim::WrapsOptimizer {
  public:
   ZeroRedundancyOptimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                           ShardOptimizerFactory make_optimizer,
@@ -104,6 +106,10 @@ class AMP_DISTRIBUTED_EXPORT ZeroRedundancyOptimizer : public torch::optim::Opti
   /// This rank's optimizer, over its shard.
   torch::optim::Optimizer& shard() { return *shard_; }
   const torch::optim::Optimizer& shard() const { return *shard_; }
+  /// The shard (amp::optim::WrapsOptimizer): amp's Python-format state dicts (amp/state_dict.h)
+  /// of this optimizer, which hold the consolidated state, name and check the inner optimizer's
+  /// implementation.
+  const torch::optim::Optimizer& wrapped_optimizer() const override { return *shard_; }
   /// The bytes of optimizer state this rank holds (every tensor of its shard's state).
   int64_t state_bytes() const;
   /// The flat buffers the parameters are views into (parameters_as_bucket_view), this rank's
