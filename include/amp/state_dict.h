@@ -103,10 +103,12 @@ AMP_EXPORT c10::IValue optimizer_state_dict(const torch::optim::Optimizer& optim
 /// `None` entries (an SGD step without momentum, `foreach`) are left out; int options become
 /// floats where LibTorch reads a double (`lr`, `eps`, `weight_decay`, `momentum`, `dampening`:
 /// Python's `weight_decay=0`).
-/// Errors: c10::Error: `state` is not such a dict (naming what is wrong), or the optimizer's load
-///   refuses it (another group count or group size, naming the group; a state it cannot take).
-///   amp's optimizers are then unchanged; LibTorch's own load checks sizes before it changes
-///   anything.
+/// Errors: c10::Error, and the optimizer unchanged: `state` is not such a dict (naming what is
+///   wrong); another group count or group size, or a parameter index listed twice (naming the
+///   group; checked before the optimizer's own load, as LibTorch's load would replace earlier
+///   groups before it checks a later one); a group whose `decoupled_weight_decay` (with a nonzero
+///   weight decay) or `maximize=True` the optimizer does not compute; a `step` that is not a whole
+///   number from 0 to 2^53; or a state the optimizer's load refuses.
 AMP_EXPORT void load_optimizer_state_dict(torch::optim::Optimizer& optimizer,
                                           const c10::IValue& state);
 

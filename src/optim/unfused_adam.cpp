@@ -52,7 +52,10 @@ void adam_update(at::Tensor param, at::Tensor grad, at::Tensor exp_avg, at::Tens
                  at::Tensor max_exp_avg_sq, int64_t step, const Options& o, bool decoupled) {
   if (o.weight_decay() != 0) {
     if (decoupled) {
-      param.mul_(python_number(1 - o.lr() * o.weight_decay()));
+      // Python rounds lr * weight_decay before subtracting it from 1. A separate statement:
+      // -ffp-contract=on (clang's default) fuses a multiply-add only within one expression.
+      const double decay = o.lr() * o.weight_decay();
+      param.mul_(python_number(1 - decay));
     } else {
       grad = grad.add(param, o.weight_decay());
     }

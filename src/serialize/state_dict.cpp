@@ -21,6 +21,7 @@
 #include <torch/serialize/output-archive.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -538,19 +539,88 @@ OptimizerTraits traits_of(const torch::optim::Optimizer& wrapper) {
   if (is_a<torch::optim::Adam>(optimizer)) return {"torch::optim::Adam", false, false, false};
   if (is_a<torch::optim::AdamW>(optimizer)) return {"torch::optim::AdamW", true, false, false};
   if (is_a<torch::optim::SGD>(optimizer)) return {"torch::optim::SGD", {}, false, false};
-  return {"this optimizer", {}, true, {}};
+  // Another optimizer: LibTorch's others have no maximize, and a group asking for it is refused.
+  return {"this optimizer", {}, false, {}};
+}
+
+// A parameter's saved `step` (Python's one-element float tensor, or a number) as a count, refused
+// with a sentence unless it is a whole number from 0 to 2^53.
+int64_t step_count(const c10::IValue& value, int64_t index) {
+  double count = 0;
+  bool one_value = true;
+  if (value.isTensor()) {
+    const at::Tensor& t = value.toTensor();
+    one_value = t.numel() == 1 && !t.is_complex();
+    if (one_value) count = t.item<double>();
+  } else {
+    count = value.isInt() ? static_cast<double>(value.toInt()) : value.toDouble();
+  }
+  TORCH_CHECK(one_value && std::isfinite(count) && count >= 0 && count <= 9007199254740992.0 &&
+                  std::floor(count) == count,
+              "load_optimizer_state_dict: the step of parameter ", index, " is ",
+              one_value ? c10::str(count) : std::string("not one real number"),
+              "; a step count is a whole number from 0 to 2^53. The optimizer is unchanged.");
+  return static_cast<int64_t>(count);
 }
 
 // Refuses a group whose options ask for an update `optimizer` does not compute: loading it would
 // continue the run with other arithmetic and no error.
+// Refuses, before the optimizer's own load sees it, a state whose groups differ in count or size
+// from the optimizer's, or that lists a parameter twice: LibTorch's load replaces earlier groups
+// before it checks a later one, and a repeated index leaves a parameter with an empty state that
+// the next save dereferences. Python checks the counts and sizes first too.
+void check_group_layout(const torch::optim::Optimizer& optimizer,
+                        const c10::List<c10::IValue>& groups) {
+  const auto& mine = optimizer.param_groups();
+  TORCH_CHECK(groups.size() == mine.size(), "load_optimizer_state_dict: the checkpoint has ",
+              groups.size(), " param groups but this optimizer has ", mine.size(),
+              "; load a state of the same groups. The optimizer is unchanged.");
+  std::map<int64_t, std::size_t> group_of;  // a listed index -> its group
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (!groups.get(g).isGenericDict()) refuse_optimizer_state("a param group is not a dict");
+    const auto group = groups.get(g).toGenericDict();
+    if (!group.contains("params") || !group.at("params").isList()) {
+      refuse_optimizer_state("param group " + std::to_string(g) + " has no list \"params\"");
+    }
+    const auto params = group.at("params").toList();
+    TORCH_CHECK(params.size() == mine[g].params().size(), "load_optimizer_state_dict: group ", g,
+                " of the checkpoint has ", params.size(), " parameters but this optimizer's group ",
+                g, " has ", mine[g].params().size(),
+                "; load a state of the same groups. The "
+                "optimizer is unchanged.");
+    for (std::size_t j = 0; j < params.size(); ++j) {
+      if (!params.get(j).isInt()) {
+        refuse_optimizer_state("param group " + std::to_string(g) + " lists a non-int parameter");
+      }
+      const auto [where, fresh] = group_of.emplace(params.get(j).toInt(), g);
+      TORCH_CHECK(fresh, "load_optimizer_state_dict: parameter index ", params.get(j).toInt(),
+                  " is listed twice in \"param_groups\" (in group ", where->second,
+                  " and in group ", g,
+                  "); each parameter is in one group once. The optimizer is unchanged.");
+    }
+  }
+}
+
 void check_group_semantics(const OptimizerTraits& traits, const c10::impl::GenericDict& group,
                            std::size_t g) {
+  for (const char* key : {"decoupled_weight_decay", "maximize"}) {
+    TORCH_CHECK(!group.contains(key) || group.at(key).isBool() || group.at(key).isNone(),
+                "load_optimizer_state_dict: param group ", g, "'s \"", key, "\" is a ",
+                group.at(key).tagKind(),
+                "; Python writes True or False there. The optimizer is "
+                "unchanged.");
+  }
   const auto flag = [&](const char* key) {
     return group.contains(key) && group.at(key).isBool() && group.at(key).toBool();
   };
   const bool has_decoupled =
       group.contains("decoupled_weight_decay") && group.at("decoupled_weight_decay").isBool();
-  if (traits.decoupled_weight_decay && has_decoupled &&
+  // Without weight decay Adam and AdamW compute the same update (Python's AdamW takes Adam's
+  // groups then, as it forces the flag on).
+  const bool decays = !group.contains("weight_decay") ||
+                      !(group.at("weight_decay").isDouble() || group.at("weight_decay").isInt()) ||
+                      group.at("weight_decay").toScalar().toDouble() != 0;
+  if (traits.decoupled_weight_decay && has_decoupled && decays &&
       flag("decoupled_weight_decay") != *traits.decoupled_weight_decay) {
     const bool decoupled = flag("decoupled_weight_decay");
     TORCH_CHECK(false, "load_optimizer_state_dict: param group ", g,
@@ -667,9 +737,9 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
       const std::string& name = field.key().toStringRef();
       const c10::IValue& value = field.value();
       if (value.isNone()) continue;
-      if (name == "step" && value.isTensor()) {
+      if (name == "step" && (value.isTensor() || value.isInt() || value.isDouble())) {
         // LibTorch's Adam counts steps in an int64; amp reads that too.
-        entry.write(name, c10::IValue(static_cast<int64_t>(value.toTensor().item<double>())));
+        entry.write(name, c10::IValue(step_count(value, item.key().toInt())));
       } else if (value.isTensor()) {
         entry.write(name, value.toTensor());
         any = true;
@@ -687,6 +757,7 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
   const OptimizerTraits traits = traits_of(optimizer);
   torch::serialize::OutputArchive groups_archive(unit);
   const auto groups = dict.at("param_groups").toList();
+  check_group_layout(optimizer, groups);
   groups_archive.write("param_groups/size",
                        at::scalar_tensor(static_cast<int64_t>(groups.size()), at::kLong));
   for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -714,9 +785,15 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
       if (name == "params" || value.isNone()) continue;
       if (value.isInt() && float_option(name)) {
         options.write(name, c10::IValue(static_cast<double>(value.toInt())));
-      } else if (value.isList()) {
-        // Python writes betas as a tuple; a list (from JSON-edited files) reads the same.
-        options.write(name, c10::ivalue::Tuple::create(value.toListRef().vec()));
+      } else if (value.isList() || value.isTuple()) {
+        // Python writes betas as a tuple (a list, from JSON-edited files, reads the same); an int
+        // in it (betas=(0, 0.999)) is a double to LibTorch.
+        std::vector<c10::IValue> items =
+            value.isList() ? value.toListRef().vec() : value.toTupleRef().elements().vec();
+        for (auto& element : items) {
+          if (element.isInt()) element = c10::IValue(static_cast<double>(element.toInt()));
+        }
+        options.write(name, c10::ivalue::Tuple::create(std::move(items)));
       } else {
         options.write(name, value);
       }

@@ -174,6 +174,7 @@ TEST_CASE("ZeroRedundancyOptimizer's misuse and damaged checkpoints end in sente
     CHECK_THAT(v.at("error.python_adam_group"),
                Contains("param group 0 of the state has decoupled_weight_decay=False (Python's "
                         "Adam) but amp::optim::FusedAdamW's weight decay is decoupled"));
+    CHECK(v.at("python.stepped_differs") == "1");
     CHECK(v.at("unchanged.python_adam_group") == "1");
     CHECK(v.at("loaded_python") == "1");
   }

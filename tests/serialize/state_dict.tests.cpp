@@ -617,6 +617,112 @@ TEST_CASE("A state asking for an update the optimizer does not compute is refuse
 }
 
 TEST_CASE(
+    "A state of other groups, with a parameter listed twice or with a bad value is refused "
+    "before any group loads",
+    "[serialize][state_dict][optim][python]") {
+  amp_test::TempDir dir("optimizer_state");
+  const auto path = dir.path() / "adamw.pt";
+  python("optimizer-resume adamw " + quoted(path));  // Python's AdamW(foreach=False), 2 steps
+  const auto saved = amp::load_pickled(path.string()).toGenericDict();
+  std::vector<at::Tensor> params;
+  for (const at::Tensor& p : tensors_of(saved.at("params"))) {
+    params.push_back(p.clone().requires_grad_(true));
+  }
+  const auto file = saved.at("optimizer").toGenericDict();
+  // LibTorch's own load (under LibTorch's and amp's unfused AdamW) replaces a group before it
+  // checks the next one; amp's fused optimizers check first. Every one must end unchanged.
+  const std::string kind = GENERATE("adamw_libtorch", "adamw", "adamw_fused");
+  CAPTURE(kind);
+  auto optimizer = optimizer_for(kind, params);
+  set_grads(params, {torch::ones_like(params[0]), torch::ones_like(params[1])});
+  optimizer->step();  // a state of its own, other than the file's
+  const auto before = optimizer_rows(params, *optimizer);
+  // `file` with param group g's entry `key` set to `value`.
+  const auto with_group = [&](std::size_t g, const std::string& key, const c10::IValue& value) {
+    auto changed = file.copy();
+    auto groups = changed.at("param_groups").toList().copy();
+    auto group = groups.get(g).toGenericDict().copy();
+    group.insert_or_assign(key, value);
+    groups.set(g, group);
+    changed.insert_or_assign("param_groups", groups);
+    return changed;
+  };
+  const auto indices = [](std::vector<int64_t> values) {
+    c10::impl::GenericList list(c10::IntType::get());
+    for (int64_t v : values) list.push_back(v);
+    return list;
+  };
+  // Group 0 matches, group 1 is empty: group 0 must not have been loaded.
+  CHECK_THROWS_WITH(
+      amp::load_optimizer_state_dict(*optimizer, with_group(1, "params", indices({}))),
+      Contains("group 1 of the checkpoint has 0 parameters but this optimizer's "
+               "group 1 has 1"));
+  CHECK(optimizer_rows(params, *optimizer) == before);
+  // Parameter 1 in both groups: Python would keep one of the two; LibTorch's load would leave the
+  // other parameter without state, which the next save dereferences.
+  CHECK_THROWS_WITH(
+      amp::load_optimizer_state_dict(*optimizer, with_group(0, "params", indices({1}))),
+      Contains("parameter index 1 is listed twice in \"param_groups\" (in group 0 "
+               "and in group 1)"));
+  CHECK(optimizer_rows(params, *optimizer) == before);
+  CHECK_THROWS_WITH(amp::load_optimizer_state_dict(*optimizer, with_group(0, "maximize", 1)),
+                    Contains("param group 0's \"maximize\" is a Int; Python writes True or False"));
+  // A step that is no count.
+  for (const double step : {std::nan(""), -1.0, 2.5, 1e300}) {
+    CAPTURE(step);
+    auto changed = file.copy();
+    auto state = changed.at("state").toGenericDict().copy();
+    auto entry = state.at(0).toGenericDict().copy();
+    entry.insert_or_assign("step", at::scalar_tensor(step, at::kDouble));
+    state.insert_or_assign(0, entry);
+    changed.insert_or_assign("state", state);
+    CHECK_THROWS_WITH(amp::load_optimizer_state_dict(*optimizer, changed),
+                      Contains("the step of parameter 0 is") &&
+                          Contains("a step count is a whole number from 0 to 2^53"));
+  }
+  CHECK(optimizer_rows(params, *optimizer) == before);
+  // Still saves, and the file itself loads.
+  amp::load_optimizer_state_dict(*optimizer, file);
+  CHECK(optimizer_rows(params, *optimizer) != before);
+}
+
+TEST_CASE("Python's int betas and an Adam group without weight decay load into AdamW",
+          "[serialize][state_dict][optim][python]") {
+  amp_test::TempDir dir("optimizer_state");
+  const auto path = dir.path() / "adamw.pt";
+  python("optimizer-resume adamw " + quoted(path));
+  const auto saved = amp::load_pickled(path.string()).toGenericDict();
+  std::vector<at::Tensor> params;
+  for (const at::Tensor& p : tensors_of(saved.at("params"))) {
+    params.push_back(p.clone().requires_grad_(true));
+  }
+  auto changed = saved.at("optimizer").toGenericDict().copy();
+  auto groups = changed.at("param_groups").toList().copy();
+  // Group 1 has weight_decay 0: as Python's Adam it computes AdamW's update, and Python's AdamW
+  // takes it. betas=(0, 0.999) holds an int, as Python keeps what the user wrote.
+  auto group = groups.get(1).toGenericDict().copy();
+  group.insert_or_assign("decoupled_weight_decay", false);
+  group.insert_or_assign("betas", c10::ivalue::Tuple::create({int64_t{0}, 0.999}));
+  groups.set(1, group);
+  changed.insert_or_assign("param_groups", groups);
+  auto optimizer = optimizer_for("adamw", params);
+  amp::load_optimizer_state_dict(*optimizer, changed);
+  const auto& options =
+      static_cast<const torch::optim::AdamWOptions&>(optimizer->param_groups()[1].options());
+  CHECK(std::get<0>(options.betas()) == 0.0);
+  CHECK(std::get<1>(options.betas()) == 0.999);
+  // With weight decay (group 0) the same flag is refused.
+  auto decaying = changed.copy();
+  auto groups0 = decaying.at("param_groups").toList().copy();
+  auto group0 = groups0.get(0).toGenericDict().copy();
+  group0.insert_or_assign("decoupled_weight_decay", false);
+  groups0.set(0, group0);
+  decaying.insert_or_assign("param_groups", groups0);
+  CHECK_THROWS_WITH(amp::load_optimizer_state_dict(*optimizer, decaying),
+                    Contains("param group 0 of the state has decoupled_weight_decay=False"));
+}
+
+TEST_CASE(
     "One training checkpoint (model, optimizer, scaler, step) moves from Python to C++ and "
     "back",
     "[serialize][state_dict][optim][python]") {

@@ -16,8 +16,9 @@ namespace amp::optim {
 /// moment as `m.mul_(beta1).add_(g, 1 - beta1)` where Python's use `m.lerp_(g, 1 - beta1)`, which
 /// rounds differently: a run continued on the other side drifts in the last bits from its first
 /// step. This class runs the ATen ops of Python's single-tensor step in Python's order, so its
-/// results equal `torch.optim.Adam(..., foreach=False)`'s bit for bit (and the foreach path's,
-/// which gives the same bits on the CPU). Options, state, save/load and `amp::GradScaler`'s step
+/// results equal `torch.optim.Adam(..., foreach=False)`'s bit for bit (and, for float32 and
+/// complex parameters, the foreach path's; for bf16 ones its _foreach_mul_ rounds the decay
+/// factors to bf16 first). Options, state, save/load and `amp::GradScaler`'s step
 /// are LibTorch's Adam's; `amp::save_optimizer_state_dict` marks its files `"foreach": False`.
 /// The options are checked as amp's FusedAdam checks them (a sentence naming the group, the
 /// value and the fix).
