@@ -569,13 +569,15 @@ int64_t step_count(const c10::IValue& value, int64_t index) {
 // from the optimizer's, or that lists a parameter twice: LibTorch's load replaces earlier groups
 // before it checks a later one, and a repeated index leaves a parameter with an empty state that
 // the next save dereferences. Python checks the counts and sizes first too.
-void check_group_layout(const torch::optim::Optimizer& optimizer,
-                        const c10::List<c10::IValue>& groups) {
+// Returns the optimizer's parameter at each listed index's position, as Python pairs them.
+std::map<int64_t, at::Tensor> check_group_layout(const torch::optim::Optimizer& optimizer,
+                                                 const c10::List<c10::IValue>& groups) {
   const auto& mine = optimizer.param_groups();
   TORCH_CHECK(groups.size() == mine.size(), "load_optimizer_state_dict: the checkpoint has ",
               groups.size(), " param groups but this optimizer has ", mine.size(),
               "; load a state of the same groups. The optimizer is unchanged.");
   std::map<int64_t, std::size_t> group_of;  // a listed index -> its group
+  std::map<int64_t, at::Tensor> param_of;
   for (std::size_t g = 0; g < groups.size(); ++g) {
     if (!groups.get(g).isGenericDict()) refuse_optimizer_state("a param group is not a dict");
     const auto group = groups.get(g).toGenericDict();
@@ -592,6 +594,7 @@ void check_group_layout(const torch::optim::Optimizer& optimizer,
       if (!params.get(j).isInt()) {
         refuse_optimizer_state("param group " + std::to_string(g) + " lists a non-int parameter");
       }
+      param_of.emplace(params.get(j).toInt(), mine[g].params()[j]);
       const auto [where, fresh] = group_of.emplace(params.get(j).toInt(), g);
       TORCH_CHECK(fresh, "load_optimizer_state_dict: parameter index ", params.get(j).toInt(),
                   " is listed twice in \"param_groups\" (in group ", where->second,
@@ -599,6 +602,7 @@ void check_group_layout(const torch::optim::Optimizer& optimizer,
                   "); each parameter is in one group once. The optimizer is unchanged.");
     }
   }
+  return param_of;
 }
 
 void check_group_semantics(const OptimizerTraits& traits, const c10::impl::GenericDict& group,
@@ -725,6 +729,15 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
   // FusedLion counts its steps (for the rounding bits) but its update does not read the count;
   // lion-pytorch keeps no count, so its entries start counting at 0 here.
   const bool count_may_be_missing = is_a<amp::optim::FusedLion>(unwrapped(optimizer));
+  const OptimizerTraits traits = traits_of(optimizer);
+  const auto groups = dict.at("param_groups").toList();
+  const std::map<int64_t, at::Tensor> param_of = check_group_layout(optimizer, groups);
+  // LibTorch's optimizers (and amp's unfused Adam/AdamW) take the state as it comes and would
+  // fail in a later step(), after earlier parameters moved: their state is given Python's form
+  // here, each floating tensor cast to its parameter's dtype and device, and refused unless it
+  // has the parameter's shape. amp's fused optimizers check their state themselves (it may be
+  // float32 master copies, or moments in another state_dtype).
+  const bool python_form = traits.fused.has_value() && !*traits.fused;
   torch::serialize::OutputArchive state_archive(unit);
   for (const auto& item : dict.at("state").toGenericDict()) {
     if (!item.key().isInt() || !item.value().isGenericDict()) {
@@ -741,7 +754,21 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
         // LibTorch's Adam counts steps in an int64; amp reads that too.
         entry.write(name, c10::IValue(step_count(value, item.key().toInt())));
       } else if (value.isTensor()) {
-        entry.write(name, value.toTensor());
+        at::Tensor tensor = value.toTensor();
+        const auto param = param_of.find(item.key().toInt());
+        if (python_form && param != param_of.end()) {
+          TORCH_CHECK(tensor.sizes() == param->second.sizes(), "load_optimizer_state_dict: the ",
+                      name, " of parameter ", item.key().toInt(), " has shape ", tensor.sizes(),
+                      " but the parameter has ", param->second.sizes(),
+                      "; the state is of another model. The optimizer is unchanged.");
+          if (tensor.is_floating_point() || tensor.is_complex()) {
+            tensor = tensor.to(param->second.device(), param->second.scalar_type());
+          }
+          // A file may give a tensor overlapping strides (0 where the shape is not 1), which
+          // in-place updates refuse: the state is the tensor's values, laid out afresh.
+          tensor = tensor.contiguous();
+        }
+        entry.write(name, tensor);
         any = true;
       } else {
         entry.write(name, value);
@@ -754,10 +781,7 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
   }
   archive.write("state", state_archive);
 
-  const OptimizerTraits traits = traits_of(optimizer);
   torch::serialize::OutputArchive groups_archive(unit);
-  const auto groups = dict.at("param_groups").toList();
-  check_group_layout(optimizer, groups);
   groups_archive.write("param_groups/size",
                        at::scalar_tensor(static_cast<int64_t>(groups.size()), at::kLong));
   for (std::size_t g = 0; g < groups.size(); ++g) {

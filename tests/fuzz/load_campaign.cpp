@@ -1,6 +1,7 @@
 // The load campaign: mutated scaler files of four kinds, each loaded into four scalers in a child
 // process, which must refuse cleanly (scaler unchanged) or accept a state a scaler can train in;
-// and mutated model state dicts (Python's and amp's), each loaded into four models the same way.
+// mutated model state dicts (Python's and amp's), each loaded into four models the same way; and
+// mutated optimizer state dicts (Python's and amp's), each loaded into four optimizers.
 //
 //   amp_load_campaign --python PY --files N [--seed S] [--raw] [--keep DIR]
 //   amp_load_campaign --write-seeds DIR      (the archive fuzz target's seed corpus)
@@ -9,9 +10,13 @@
 // Kinds: a C++ save_state_dict file; Python's torch.save(scaler.state_dict()) with a float and
 // with an int scale; a torch::save(scaler) archive; a checkpoint archive (model, optimizer,
 // scaler); Python's torch.save(model.state_dict()) and amp::save_state_dict's file of the same
-// model. State files load with GradScaler::load_state_dict(path), archives with amp::load
+// model; Python's torch.save(AdamW(foreach=False).state_dict()) and amp's
+// save_optimizer_state_dict of amp::optim::AdamW, two groups, after two steps. State files load
+// with GradScaler::load_state_dict(path), archives with amp::load
 // (--raw: LibTorch's torch::load, for comparison), model state dicts with amp::load_state_dict
-// (also with --raw: LibTorch cannot read them). Mutations: bit flips, byte runs, truncation,
+// (also with --raw: LibTorch cannot read them), optimizer state dicts with
+// amp::load_optimizer_state_dict into amp::optim::AdamW, LibTorch's AdamW and SGD, and FusedAdamW,
+// each of which must then step and save. Mutations: bit flips, byte runs, truncation,
 // 32-bit fields set to 0 / 0xFFFFFFFF / 2^28, and edits inside a pickle with its CRC-32 fixed
 // (special floats and ints, deep nesting, a memo index of 2^28, a 4 GB string length, an
 // unterminated GLOBAL, an unknown storage type, a deeply nested type). Each child runs under a
@@ -42,6 +47,7 @@
 
 #include <amp/archive.h>
 #include <amp/grad_scaler.h>
+#include <amp/optim.h>
 #include <amp/state_dict.h>
 
 #include "serialize/reader_error.h"
@@ -185,11 +191,106 @@ int load_into_models(const fs::path& path, bool verbose) {
   return accepted;
 }
 
+// The optimizers an optimizer file is loaded into: two groups ([weight], [bias] with its own lr
+// and no weight decay) over a Linear(4, 3) of `seed`, one step taken so that each has a state.
+struct OptimizerUnderTest {
+  torch::nn::Linear model{nullptr};
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+};
+
+OptimizerUnderTest make_optimizer(int which) {
+  torch::manual_seed(which);
+  OptimizerUnderTest out{torch::nn::Linear(4, 3), nullptr};
+  const auto groups = [&](auto second) {
+    std::vector<torch::optim::OptimizerParamGroup> g;
+    g.emplace_back(std::vector<at::Tensor>{out.model->weight});
+    g.emplace_back(std::vector<at::Tensor>{out.model->bias}, std::move(second));
+    return g;
+  };
+  using torch::optim::AdamWOptions;
+  switch (which) {
+    case 0:
+      out.optimizer = std::make_unique<amp::optim::AdamW>(
+          groups(std::make_unique<AdamWOptions>(AdamWOptions(0.5).weight_decay(0))),
+          AdamWOptions(0.01));
+      break;
+    case 1:
+      out.optimizer = std::make_unique<torch::optim::AdamW>(
+          groups(std::make_unique<AdamWOptions>(AdamWOptions(0.5).weight_decay(0))),
+          AdamWOptions(0.01));
+      break;
+    case 2:
+      out.optimizer = std::make_unique<amp::optim::FusedAdamW>(
+          groups(std::make_unique<amp::optim::FusedAdamWOptions>(
+              amp::optim::FusedAdamWOptions(0.5).weight_decay(0))),
+          amp::optim::FusedAdamWOptions(0.01));
+      break;
+    default:
+      out.optimizer =
+          std::make_unique<torch::optim::SGD>(groups(std::make_unique<torch::optim::SGDOptions>(
+                                                  torch::optim::SGDOptions(0.5).momentum(0.5))),
+                                              torch::optim::SGDOptions(0.1).momentum(0.9));
+  }
+  out.model->zero_grad();
+  out.model->forward(torch::ones({2, 4})).sum().backward();
+  out.optimizer->step();
+  return out;
+}
+
+// The optimizer's whole archive (options and state) and the parameters' bytes.
+std::string optimizer_snapshot(const OptimizerUnderTest& under_test) {
+  torch::serialize::OutputArchive archive;
+  under_test.optimizer->save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str() + model_snapshot(*under_test.model);
+}
+
+// The child for an optimizer file: loads it into the four optimizers. Returns how many accepted
+// it, or an Exit code.
+int load_into_optimizers(const fs::path& path, bool verbose) {
+  int accepted = 0;
+  for (int which = 0; which < 4; ++which) {
+    OptimizerUnderTest under_test = make_optimizer(which);
+    const std::string before = optimizer_snapshot(under_test);
+    try {
+      amp::load_optimizer_state_dict(*under_test.optimizer, path.string());
+    } catch (const c10::Error& error) {
+      if (verbose) std::printf("refused: %s\n", error.msg().c_str());
+      if (optimizer_snapshot(under_test) != before) return kChanged;
+      continue;
+    } catch (const std::exception& error) {
+      if (verbose) std::printf("refused (%s)\n", error.what());
+      return kOtherException;
+    }
+    // Accepted: the optimizer saves, and steps (values may be any floats). The step may raise
+    // ATen's error where Python's step raises it for the same file (an lr of 3.4e38 makes the
+    // step size overflow float32: "value cannot be converted to type float without overflow",
+    // a std::runtime_error); a save that fails, or a crash, is a failure.
+    try {
+      amp::save_optimizer_state_dict(*under_test.optimizer, path.string() + ".resaved");
+      under_test.model->zero_grad();
+      under_test.model->forward(torch::ones({2, 4})).sum().backward();
+      try {
+        under_test.optimizer->step();
+      } catch (const std::exception& error) {
+        if (verbose) std::printf("accepted; the step raised: %s\n", error.what());
+      }
+    } catch (const std::exception& error) {
+      if (verbose) std::printf("optimizer %d accepted, then failed: %s\n", which, error.what());
+      return kInvalidAccepted;
+    }
+    ++accepted;
+  }
+  return accepted;
+}
+
 // The child: loads `path` (of `kind`) into the scalers. Returns how many accepted it, or an
 // Exit code.
 int load_into_scalers(const fs::path& path, const std::string& kind, bool raw,
                       std::vector<amp::GradScaler>& scalers, bool verbose = false) {
   if (kind == "py-model" || kind == "cpp-model") return load_into_models(path, verbose);
+  if (kind == "py-optim" || kind == "cpp-optim") return load_into_optimizers(path, verbose);
   int accepted = 0;
   bool other_exception = false;
   for (amp::GradScaler& scaler : scalers) {
@@ -287,6 +388,21 @@ std::vector<Base> make_bases(const fs::path& dir, const std::string& python) {
   bases.push_back({"py-model", read_bytes(dir / "py-model.pt")});
   amp::save_state_dict(*make_model(9), (dir / "cpp-model.pt").string());
   bases.push_back({"cpp-model", read_bytes(dir / "cpp-model.pt")});
+  const std::string optimizer_script =
+      "import sys, torch\n"
+      "torch.manual_seed(9)\n"
+      "m = torch.nn.Linear(4, 3)\n"
+      "opt = torch.optim.AdamW([{'params': [m.weight]}, {'params': [m.bias], 'lr': 0.5, "
+      "'weight_decay': 0.0}], lr=0.01, foreach=False)\n"
+      "for _ in range(2):\n"
+      "    m(torch.ones(2, 4)).sum().backward()\n"
+      "    opt.step()\n"
+      "torch.save(opt.state_dict(), sys.argv[1])\n";
+  run_python(python, dir / "make_optim.py", optimizer_script, (dir / "py-optim.pt").string());
+  bases.push_back({"py-optim", read_bytes(dir / "py-optim.pt")});
+  OptimizerUnderTest amp_adamw = make_optimizer(0);
+  amp::save_optimizer_state_dict(*amp_adamw.optimizer, (dir / "cpp-optim.pt").string());
+  bases.push_back({"cpp-optim", read_bytes(dir / "cpp-optim.pt")});
   return bases;
 }
 

@@ -686,8 +686,10 @@ TEST_CASE(
   CHECK(optimizer_rows(params, *optimizer) != before);
 }
 
-TEST_CASE("Python's int betas and an Adam group without weight decay load into AdamW",
-          "[serialize][state_dict][optim][python]") {
+TEST_CASE(
+    "Python's int betas, an Adam group without weight decay and a zero-stride state load into "
+    "AdamW",
+    "[serialize][state_dict][optim][python]") {
   amp_test::TempDir dir("optimizer_state");
   const auto path = dir.path() / "adamw.pt";
   python("optimizer-resume adamw " + quoted(path));
@@ -705,12 +707,22 @@ TEST_CASE("Python's int betas and an Adam group without weight decay load into A
   group.insert_or_assign("betas", c10::ivalue::Tuple::create({int64_t{0}, 0.999}));
   groups.set(1, group);
   changed.insert_or_assign("param_groups", groups);
+  // A state tensor laid out with a zero stride (as an edited file can give it), which in-place
+  // updates refuse: loaded as its values, so the next step runs.
+  auto state = changed.at("state").toGenericDict().copy();
+  auto entry = state.at(1).toGenericDict().copy();
+  const at::Tensor exp_avg = entry.at("exp_avg").toTensor();
+  entry.insert_or_assign("exp_avg", exp_avg.flatten()[0].expand(exp_avg.sizes()));
+  state.insert_or_assign(1, entry);
+  changed.insert_or_assign("state", state);
   auto optimizer = optimizer_for("adamw", params);
   amp::load_optimizer_state_dict(*optimizer, changed);
   const auto& options =
       static_cast<const torch::optim::AdamWOptions&>(optimizer->param_groups()[1].options());
   CHECK(std::get<0>(options.betas()) == 0.0);
   CHECK(std::get<1>(options.betas()) == 0.999);
+  set_grads(params, {torch::ones_like(params[0]), torch::ones_like(params[1])});
+  CHECK_NOTHROW(optimizer->step());
   // With weight decay (group 0) the same flag is refused.
   auto decaying = changed.copy();
   auto groups0 = decaying.at("param_groups").toList().copy();
