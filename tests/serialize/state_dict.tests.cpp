@@ -420,6 +420,22 @@ std::vector<at::Tensor> tensors_of(const c10::IValue& list) {
   return out;
 }
 
+// What the script's "optimizer-resume adamw" writes into `dir`: Python's AdamW(foreach=False)
+// after 2 steps ("optimizer"), its parameters ("params") and the next gradients.
+c10::impl::GenericDict python_adamw_file(const amp_test::TempDir& dir) {
+  const auto path = dir.path() / "adamw.pt";
+  python("optimizer-resume adamw " + quoted(path));
+  return amp::load_pickled(path.string()).toGenericDict();
+}
+
+// Fresh leaf copies of the parameters a script saved, for an optimizer to train.
+std::vector<at::Tensor> trainable_copies(const c10::IValue& saved_params) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : tensors_of(saved_params))
+    out.push_back(p.clone().requires_grad_(true));
+  return out;
+}
+
 void set_grads(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads) {
   for (std::size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[i].clone();
 }
@@ -472,10 +488,7 @@ TEST_CASE("An optimizer's state saved by Python resumes in C++, the next step bi
   const auto path = dir.path() / "resume.pt";
   const auto expected = python("optimizer-resume " + kind + " " + quoted(path));
   const auto saved = amp::load_pickled(path.string()).toGenericDict();
-  std::vector<at::Tensor> params;
-  for (const at::Tensor& p : tensors_of(saved.at("params"))) {
-    params.push_back(p.clone().requires_grad_(true));
-  }
+  std::vector<at::Tensor> params = trainable_copies(saved.at("params"));
   auto optimizer = optimizer_for(kind, params);
   // The options come from the file: different ones at construction are replaced.
   amp::load_optimizer_state_dict(*optimizer, saved.at("optimizer"));
@@ -523,10 +536,7 @@ TEST_CASE("LibTorch's AdamW takes Python's AdamW state and a file of other group
   const auto path = dir.path() / "resume.pt";
   python("optimizer-resume adamw_libtorch " + quoted(path));
   const auto saved = amp::load_pickled(path.string()).toGenericDict();
-  std::vector<at::Tensor> params;
-  for (const at::Tensor& p : tensors_of(saved.at("params"))) {
-    params.push_back(p.clone().requires_grad_(true));
-  }
+  std::vector<at::Tensor> params = trainable_copies(saved.at("params"));
   auto optimizer = optimizer_for("adamw_libtorch", params);
   amp::load_optimizer_state_dict(*optimizer, saved.at("optimizer"));
   // The state and the options are Python's (LibTorch's AdamW step itself is not bit for bit
@@ -566,13 +576,8 @@ TEST_CASE("LibTorch's AdamW takes Python's AdamW state and a file of other group
 TEST_CASE("A state asking for an update the optimizer does not compute is refused naming the group",
           "[serialize][state_dict][optim][python]") {
   amp_test::TempDir dir("optimizer_state");
-  const auto path = dir.path() / "adamw.pt";
-  python("optimizer-resume adamw " + quoted(path));  // Python's AdamW(foreach=False)
-  const auto saved = amp::load_pickled(path.string()).toGenericDict();
-  std::vector<at::Tensor> params;
-  for (const at::Tensor& p : tensors_of(saved.at("params"))) {
-    params.push_back(p.clone().requires_grad_(true));
-  }
+  const auto saved = python_adamw_file(dir);
+  std::vector<at::Tensor> params = trainable_copies(saved.at("params"));
   const c10::IValue adamw_file = saved.at("optimizer");
   // Python writes decoupled_weight_decay=True for AdamW; an Adam (L2) optimizer refuses it.
   auto adam = optimizer_for("adam_fused", params);
@@ -621,13 +626,8 @@ TEST_CASE(
     "before any group loads",
     "[serialize][state_dict][optim][python]") {
   amp_test::TempDir dir("optimizer_state");
-  const auto path = dir.path() / "adamw.pt";
-  python("optimizer-resume adamw " + quoted(path));  // Python's AdamW(foreach=False), 2 steps
-  const auto saved = amp::load_pickled(path.string()).toGenericDict();
-  std::vector<at::Tensor> params;
-  for (const at::Tensor& p : tensors_of(saved.at("params"))) {
-    params.push_back(p.clone().requires_grad_(true));
-  }
+  const auto saved = python_adamw_file(dir);
+  std::vector<at::Tensor> params = trainable_copies(saved.at("params"));
   const auto file = saved.at("optimizer").toGenericDict();
   // LibTorch's own load (under LibTorch's and amp's unfused AdamW) replaces a group before it
   // checks the next one; amp's fused optimizers check first. Every one must end unchanged.
@@ -691,13 +691,8 @@ TEST_CASE(
     "AdamW",
     "[serialize][state_dict][optim][python]") {
   amp_test::TempDir dir("optimizer_state");
-  const auto path = dir.path() / "adamw.pt";
-  python("optimizer-resume adamw " + quoted(path));
-  const auto saved = amp::load_pickled(path.string()).toGenericDict();
-  std::vector<at::Tensor> params;
-  for (const at::Tensor& p : tensors_of(saved.at("params"))) {
-    params.push_back(p.clone().requires_grad_(true));
-  }
+  const auto saved = python_adamw_file(dir);
+  std::vector<at::Tensor> params = trainable_copies(saved.at("params"));
   auto changed = saved.at("optimizer").toGenericDict().copy();
   auto groups = changed.at("param_groups").toList().copy();
   // Group 1 has weight_decay 0: as Python's Adam it computes AdamW's update, and Python's AdamW
