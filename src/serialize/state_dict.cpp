@@ -563,8 +563,6 @@ int64_t step_count(const c10::IValue& value, int64_t index) {
   return static_cast<int64_t>(count);
 }
 
-// Refuses a group whose options ask for an update `optimizer` does not compute: loading it would
-// continue the run with other arithmetic and no error.
 // Refuses, before the optimizer's own load sees it, a state whose groups differ in count or size
 // from the optimizer's, or that lists a parameter twice: LibTorch's load replaces earlier groups
 // before it checks a later one, and a repeated index leaves a parameter with an empty state that
@@ -576,8 +574,8 @@ std::map<int64_t, at::Tensor> check_group_layout(const torch::optim::Optimizer& 
   TORCH_CHECK(groups.size() == mine.size(), "load_optimizer_state_dict: the checkpoint has ",
               groups.size(), " param groups but this optimizer has ", mine.size(),
               "; load a state of the same groups. The optimizer is unchanged.");
-  std::map<int64_t, std::size_t> group_of;  // a listed index -> its group
   std::map<int64_t, at::Tensor> param_of;
+  std::map<int64_t, std::size_t> group_of;  // for the message on a repeated index
   for (std::size_t g = 0; g < groups.size(); ++g) {
     if (!groups.get(g).isGenericDict()) refuse_optimizer_state("a param group is not a dict");
     const auto group = groups.get(g).toGenericDict();
@@ -588,15 +586,15 @@ std::map<int64_t, at::Tensor> check_group_layout(const torch::optim::Optimizer& 
     TORCH_CHECK(params.size() == mine[g].params().size(), "load_optimizer_state_dict: group ", g,
                 " of the checkpoint has ", params.size(), " parameters but this optimizer's group ",
                 g, " has ", mine[g].params().size(),
-                "; load a state of the same groups. The "
-                "optimizer is unchanged.");
+                "; load a state of the same groups. The optimizer is unchanged.");
     for (std::size_t j = 0; j < params.size(); ++j) {
       if (!params.get(j).isInt()) {
         refuse_optimizer_state("param group " + std::to_string(g) + " lists a non-int parameter");
       }
-      param_of.emplace(params.get(j).toInt(), mine[g].params()[j]);
-      const auto [where, fresh] = group_of.emplace(params.get(j).toInt(), g);
-      TORCH_CHECK(fresh, "load_optimizer_state_dict: parameter index ", params.get(j).toInt(),
+      const int64_t index = params.get(j).toInt();
+      const bool fresh = param_of.emplace(index, mine[g].params()[j]).second;
+      const auto where = group_of.emplace(index, g).first;
+      TORCH_CHECK(fresh, "load_optimizer_state_dict: parameter index ", index,
                   " is listed twice in \"param_groups\" (in group ", where->second,
                   " and in group ", g,
                   "); each parameter is in one group once. The optimizer is unchanged.");
@@ -605,14 +603,15 @@ std::map<int64_t, at::Tensor> check_group_layout(const torch::optim::Optimizer& 
   return param_of;
 }
 
+// Refuses a group whose options ask for an update `optimizer` does not compute: loading it would
+// continue the run with other arithmetic and no error.
 void check_group_semantics(const OptimizerTraits& traits, const c10::impl::GenericDict& group,
                            std::size_t g) {
   for (const char* key : {"decoupled_weight_decay", "maximize"}) {
     TORCH_CHECK(!group.contains(key) || group.at(key).isBool() || group.at(key).isNone(),
                 "load_optimizer_state_dict: param group ", g, "'s \"", key, "\" is a ",
                 group.at(key).tagKind(),
-                "; Python writes True or False there. The optimizer is "
-                "unchanged.");
+                "; Python writes True or False there. The optimizer is unchanged.");
   }
   const auto flag = [&](const char* key) {
     return group.contains(key) && group.at(key).isBool() && group.at(key).toBool();
@@ -785,21 +784,13 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
   groups_archive.write("param_groups/size",
                        at::scalar_tensor(static_cast<int64_t>(groups.size()), at::kLong));
   for (std::size_t g = 0; g < groups.size(); ++g) {
-    const c10::IValue group_value = groups.get(g);
-    if (!group_value.isGenericDict()) refuse_optimizer_state("a param group is not a dict");
-    const auto group = group_value.toGenericDict();
-    if (!group.contains("params") || !group.at("params").isList()) {
-      refuse_optimizer_state("param group " + std::to_string(g) + " has no list \"params\"");
-    }
+    const auto group = groups.get(g).toGenericDict();  // its layout checked by check_group_layout
     check_group_semantics(traits, group, g);
     torch::serialize::OutputArchive group_archive(unit), options(unit);
     const auto params = group.at("params").toList();
     group_archive.write("params/size",
                         at::scalar_tensor(static_cast<int64_t>(params.size()), at::kLong));
     for (std::size_t j = 0; j < params.size(); ++j) {
-      if (!params.get(j).isInt()) {
-        refuse_optimizer_state("param group " + std::to_string(g) + " lists a non-int parameter");
-      }
       group_archive.write("params/" + std::to_string(j),
                           c10::IValue(key_of(params.get(j).toInt())));
     }

@@ -16,13 +16,13 @@
 // (--raw: LibTorch's torch::load, for comparison), model state dicts with amp::load_state_dict
 // (also with --raw: LibTorch cannot read them), optimizer state dicts with
 // amp::load_optimizer_state_dict into amp::optim::AdamW, LibTorch's AdamW and SGD, and FusedAdamW,
-// each of which must then step and save. Mutations: bit flips, byte runs, truncation,
-// 32-bit fields set to 0 / 0xFFFFFFFF / 2^28, and edits inside a pickle with its CRC-32 fixed
-// (special floats and ints, deep nesting, a memo index of 2^28, a 4 GB string length, an
-// unterminated GLOBAL, an unknown storage type, a deeply nested type). Each child runs under a
-// 10 s alarm and a 2 GiB address-space allowance above its start. Prints one line per outcome
-// and exits 1 if any input crashed, hung, allocated over 1 GiB, changed a scaler it refused, or
-// left a scaler that cannot save or train.
+// each of which must then save, and step or raise ATen's error as Python's step does. Mutations:
+// bit flips, byte runs, truncation, 32-bit fields set to 0 / 0xFFFFFFFF / 2^28, and edits inside a
+// pickle with its CRC-32 fixed (special floats and ints, deep nesting, a memo index of 2^28, a 4 GB
+// string length, an unterminated GLOBAL, an unknown storage type, a deeply nested type). Each child
+// runs under a 10 s alarm and a 2 GiB address-space allowance above its start. Prints one line per
+// outcome and exits 1 if any input crashed, hung, allocated over 1 GiB, changed a scaler it
+// refused, or left a scaler that cannot save or train.
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -160,30 +160,30 @@ std::string model_snapshot(const torch::nn::Module& model) {
   return out;
 }
 
-// The child for a model-state file: loads it into four models of other seeds. Returns how many
-// accepted it, or an Exit code.
-int load_into_models(const fs::path& path, bool verbose) {
+// The child's loop over four targets: `make(k)` builds target k, `snapshot` describes it, `load`
+// loads the file into it and `use` exercises an accepted one (it throws if the target cannot be
+// used). Returns how many accepted the file, or an Exit code: a refusal must leave the target's
+// snapshot unchanged.
+template <typename Make, typename Snapshot, typename Load, typename Use>
+int load_into_four(bool verbose, Make make, Snapshot snapshot, Load load, Use use) {
   int accepted = 0;
-  for (int seed = 0; seed < 4; ++seed) {
-    auto model = make_model(seed);
-    const std::string before = model_snapshot(*model);
+  for (int k = 0; k < 4; ++k) {
+    auto target = make(k);
+    const std::string before = snapshot(target);
     try {
-      amp::load_state_dict(*model, path.string());
+      load(target);
     } catch (const c10::Error& error) {
       if (verbose) std::printf("refused: %s\n", error.msg().c_str());
-      if (model_snapshot(*model) != before) return kChanged;
+      if (snapshot(target) != before) return kChanged;
       continue;
     } catch (const std::exception& error) {
       if (verbose) std::printf("refused (%s)\n", error.what());
       return kOtherException;
     }
-    // Accepted: the model runs and saves (values may be any floats: the pickle's edits keep the
-    // tensors' bytes, whose CRC-32 is checked).
     try {
-      (void)model->forward(torch::ones({2, 4}));
-      amp::save_state_dict(*model, path.string() + ".resaved");
+      use(target);
     } catch (const std::exception& error) {
-      if (verbose) std::printf("accepted, then failed: %s\n", error.what());
+      if (verbose) std::printf("target %d accepted, then failed: %s\n", k, error.what());
       return kInvalidAccepted;
     }
     ++accepted;
@@ -191,8 +191,22 @@ int load_into_models(const fs::path& path, bool verbose) {
   return accepted;
 }
 
-// The optimizers an optimizer file is loaded into: two groups ([weight], [bias] with its own lr
-// and no weight decay) over a Linear(4, 3) of `seed`, one step taken so that each has a state.
+// The child for a model-state file: loads it into four models of other seeds, each of which must
+// then run and save (values may be any floats: the pickle's edits keep the tensors' bytes, whose
+// CRC-32 is checked).
+int load_into_models(const fs::path& path, bool verbose) {
+  return load_into_four(
+      verbose, make_model, [](const auto& model) { return model_snapshot(*model); },
+      [&](auto& model) { amp::load_state_dict(*model, path.string()); },
+      [&](auto& model) {
+        (void)model->forward(torch::ones({2, 4}));
+        amp::save_state_dict(*model, path.string() + ".resaved");
+      });
+}
+
+// The optimizers an optimizer file is loaded into (`which`: amp::optim::AdamW, LibTorch's AdamW,
+// FusedAdamW, LibTorch's SGD): two groups ([weight], [bias] with its own lr and no weight decay)
+// over a Linear(4, 3) seeded with `which`, one step taken so that each has a state.
 struct OptimizerUnderTest {
   torch::nn::Linear model{nullptr};
   std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -246,43 +260,24 @@ std::string optimizer_snapshot(const OptimizerUnderTest& under_test) {
   return out.str() + model_snapshot(*under_test.model);
 }
 
-// The child for an optimizer file: loads it into the four optimizers. Returns how many accepted
-// it, or an Exit code.
+// The child for an optimizer file: loads it into the four optimizers, each of which must then
+// save and step. The step may raise ATen's error where Python's step raises it for the same file
+// (an lr of 3.4e38 makes the step size overflow float32: "value cannot be converted to type float
+// without overflow", a std::runtime_error); a save that fails, or a crash, is a failure.
 int load_into_optimizers(const fs::path& path, bool verbose) {
-  int accepted = 0;
-  for (int which = 0; which < 4; ++which) {
-    OptimizerUnderTest under_test = make_optimizer(which);
-    const std::string before = optimizer_snapshot(under_test);
-    try {
-      amp::load_optimizer_state_dict(*under_test.optimizer, path.string());
-    } catch (const c10::Error& error) {
-      if (verbose) std::printf("refused: %s\n", error.msg().c_str());
-      if (optimizer_snapshot(under_test) != before) return kChanged;
-      continue;
-    } catch (const std::exception& error) {
-      if (verbose) std::printf("refused (%s)\n", error.what());
-      return kOtherException;
-    }
-    // Accepted: the optimizer saves, and steps (values may be any floats). The step may raise
-    // ATen's error where Python's step raises it for the same file (an lr of 3.4e38 makes the
-    // step size overflow float32: "value cannot be converted to type float without overflow",
-    // a std::runtime_error); a save that fails, or a crash, is a failure.
-    try {
-      amp::save_optimizer_state_dict(*under_test.optimizer, path.string() + ".resaved");
-      under_test.model->zero_grad();
-      under_test.model->forward(torch::ones({2, 4})).sum().backward();
-      try {
-        under_test.optimizer->step();
-      } catch (const std::exception& error) {
-        if (verbose) std::printf("accepted; the step raised: %s\n", error.what());
-      }
-    } catch (const std::exception& error) {
-      if (verbose) std::printf("optimizer %d accepted, then failed: %s\n", which, error.what());
-      return kInvalidAccepted;
-    }
-    ++accepted;
-  }
-  return accepted;
+  return load_into_four(
+      verbose, make_optimizer, optimizer_snapshot,
+      [&](OptimizerUnderTest& t) { amp::load_optimizer_state_dict(*t.optimizer, path.string()); },
+      [&](OptimizerUnderTest& t) {
+        amp::save_optimizer_state_dict(*t.optimizer, path.string() + ".resaved");
+        t.model->zero_grad();
+        t.model->forward(torch::ones({2, 4})).sum().backward();
+        try {
+          t.optimizer->step();
+        } catch (const std::exception& error) {
+          if (verbose) std::printf("accepted; the step raised: %s\n", error.what());
+        }
+      });
 }
 
 // The child: loads `path` (of `kind`) into the scalers. Returns how many accepted it, or an

@@ -1,7 +1,8 @@
 // The optimizers that exist to move runs between Python and C++, used with the features a moved
 // run brings along: amp::optim::AdamW (Python's unfused arithmetic) under GradScaler with an
 // overflowing step and bf16 autocast, and through a Python-format state dict mid-run; FusedLion's
-// state without step counts (lion-pytorch keeps none) under stochastic rounding of bf16 weights.
+// state without step counts (lion-pytorch keeps none) under stochastic rounding of bf16 weights;
+// a float32 Python-format state loaded into amp::optim::AdamW over bf16 weights.
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
@@ -162,4 +163,36 @@ TEST_CASE(
   // Both parameters moved by one bf16 ulp at most from each other (the rounding draws differ).
   const torch::Tensor gap = (p.detach().to(torch::kFloat) - q.detach().to(torch::kFloat)).abs();
   CHECK((gap <= p.detach().to(torch::kFloat).abs() / 128 + 1e-30).all().item<bool>());
+}
+
+TEST_CASE(
+    "A float32 Python-format AdamW state loads into amp::optim::AdamW over bf16 weights cast to "
+    "bf16, as Python's load_state_dict casts it, and the step runs",
+    "[interactions][optim][low_precision][state_dict]") {
+  torch::manual_seed(12);
+  torch::nn::Linear fp32_model(4, 3);
+  amp::optim::AdamW fp32_adamw(fp32_model->parameters(), torch::optim::AdamWOptions(0.01));
+  for (int step = 0; step < 2; ++step) {
+    fp32_adamw.zero_grad();
+    fp32_model->forward(torch::randn({5, 4})).square().mean().backward();
+    fp32_adamw.step();
+  }
+  const c10::IValue file = amp::optimizer_state_dict(fp32_adamw);
+
+  // The same model held in bf16 (amp::to_low_precision's dtype), as a run moved with bf16 weights.
+  torch::nn::Linear bf16_model(4, 3);
+  bf16_model->to(torch::kBFloat16);
+  amp::optim::AdamW bf16_adamw(bf16_model->parameters(), torch::optim::AdamWOptions(0.01));
+  amp::load_optimizer_state_dict(bf16_adamw, file);
+  const std::vector<torch::Tensor> loaded = state_tensors(bf16_adamw);
+  const std::vector<torch::Tensor> saved = state_tensors(fp32_adamw);
+  REQUIRE(loaded.size() == saved.size());
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    CAPTURE(i);
+    if (saved[i].dim() == 0) continue;  // the step counts
+    CHECK(loaded[i].scalar_type() == torch::kBFloat16);
+    CHECK(torch::equal(loaded[i], saved[i].to(torch::kBFloat16)));
+  }
+  bf16_model->forward(torch::randn({5, 4}).to(torch::kBFloat16)).square().mean().backward();
+  CHECK_NOTHROW(bf16_adamw.step());
 }
