@@ -13,11 +13,13 @@
 namespace amp::optim {
 
 /// torch::optim::Adam with Python's arithmetic. LibTorch's own Adam and AdamW update the first
-/// moment as `m.mul_(beta1).add_(g, 1 - beta1)` where Python's use `m.lerp_(g, 1 - beta1)`, which
-/// rounds differently: a run continued on the other side drifts in the last bits from its first
-/// step. This class runs the ATen ops of Python's single-tensor step in Python's order, so its
-/// results equal `torch.optim.Adam(..., foreach=False)`'s bit for bit (and, for float32 and
-/// complex parameters, the foreach path's; for bf16 ones its _foreach_mul_ rounds the decay
+/// moment as `m.mul_(beta1).add_(g, 1 - beta1)` where Python's use `m.lerp_(g, 1 - beta1)`: two
+/// roundings against one, in kernels whose vector code depends on the CPU. On some machines the
+/// two sequences were seen to give different bits from the second step on, on others (an
+/// AVX-512 AMD EPYC, 5 steps of the tests' data) the same bits; nothing promises either. This
+/// class runs the ATen ops of Python's single-tensor step in Python's order, so its results
+/// equal `torch.optim.Adam(..., foreach=False)`'s bit for bit on every machine (and, for float32
+/// and complex parameters, the foreach path's; for bf16 ones its _foreach_mul_ rounds the decay
 /// factors to bf16 first). Options, state, save/load and `amp::GradScaler`'s step
 /// are LibTorch's Adam's; `amp::save_optimizer_state_dict` marks its files `"foreach": False`.
 /// The options are checked as amp's FusedAdam checks them (a sentence naming the group, the
@@ -31,7 +33,7 @@ class AMP_EXPORT Adam : public torch::optim::Adam {
 };
 
 /// torch::optim::AdamW with Python's arithmetic: `torch.optim.AdamW(..., foreach=False)` bit for
-/// bit (see Adam for why LibTorch's differs and what is kept).
+/// bit (see Adam for how LibTorch's may differ and what is kept).
 class AMP_EXPORT AdamW : public torch::optim::AdamW {
  public:
   explicit AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
