@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <amp/autocast.h>
@@ -91,4 +92,22 @@ TEST_CASE("ScriptAutocastGuard restores the executor's and the JIT autocast pass
   }
   CHECK(torch::jit::getGraphExecutorOptimize() == optimize);
   CHECK(torch::jit::autocastEnabled() == jit_autocast);
+}
+
+TEST_CASE(
+    "ScriptAutocastGuards made and ended on two threads at once leave the JIT autocast pass "
+    "as they found it",
+    "[autocast][script][threads]") {
+  const bool jit_autocast = torch::jit::autocastEnabled();
+  torch::jit::setAutocastMode(true);
+  // Each thread's last guard may end while the other's first begins: the one that begins must
+  // not save the "off" the ending one has not yet undone.
+  const auto churn = [] {
+    for (int k = 0; k < 100000; ++k) amp::ScriptAutocastGuard guard;
+  };
+  std::thread first(churn), second(churn);
+  first.join();
+  second.join();
+  CHECK(torch::jit::autocastEnabled());
+  torch::jit::setAutocastMode(jit_autocast);
 }

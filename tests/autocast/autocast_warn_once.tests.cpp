@@ -35,3 +35,34 @@ TEST_CASE("CUDA autocast without CUDA warns once per process and runs disabled",
   }
   CHECK(collector.messages.size() == 1);
 }
+
+TEST_CASE(
+    "aten::_convolution under CPU autocast (a traced module not prepared) warns once and "
+    "runs in float32 as before",
+    "[autocast][script]") {
+  WarningCollector collector;
+  c10::WarningUtils::WarningHandlerGuard guard(&collector);
+  const at::Tensor x = torch::randn({1, 2, 5});
+  const at::Tensor w = torch::randn({3, 2, 2});
+  const at::Tensor b = torch::randn({3});
+  const auto traced_convolution = [&] {
+    return at::_convolution(x, w, b, {1}, {0}, {1}, false, {0}, 1, false, false, true, true);
+  };
+  at::Tensor eager, first, second;
+  {
+    amp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+    eager = at::conv1d(x, w, b);  // cast by autocast, below which _convolution runs unwarned
+    CHECK(collector.messages.empty());
+    first = traced_convolution();
+    second = traced_convolution();
+  }
+  CHECK(eager.scalar_type() == torch::kBFloat16);
+  // What autocast does with it is unchanged (Python's too): float32, the same values.
+  CHECK(first.scalar_type() == torch::kFloat);
+  CHECK(torch::equal(first, traced_convolution()));
+  REQUIRE(collector.messages.size() == 1);
+  CHECK_THAT(collector.messages[0],
+             Catch::Contains("aten::_convolution runs under CPU autocast in its inputs' dtype") &&
+                 Catch::Contains("amp::prepare_for_autocast(module)"));
+  (void)second;
+}
