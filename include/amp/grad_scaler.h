@@ -319,6 +319,13 @@ class AMP_EXPORT GradScaler {
   void load_state_dict(const c10::Dict<std::string, c10::IValue>& state_dict);
   /// Same, for a generic dict as returned by torch::pickle_load (keys must be strings).
   void load_state_dict(const c10::impl::GenericDict& state_dict);
+  /// Same, for an IValue holding such a dict, as amp::load_pickled and amp::dict_entry give it
+  /// (`scaler.load_state_dict(amp::dict_entry(checkpoint, "scaler"))`): the form amp's other
+  /// load_state_dict functions take. Errors: c10::Error naming what the IValue holds when it is
+  /// not a dict.
+  void load_state_dict(const c10::IValue& state_dict);
+  /// Same as the std::string overload (a literal path would otherwise also convert to an IValue).
+  void load_state_dict(const char* path);
 
   /// Writes state_dict() to `path` in torch.save's format: Python reads it with
   /// `torch.load(path, weights_only=True)` and GradScaler.load_state_dict.

@@ -4,7 +4,9 @@
 // first: pytorch/pytorch#100741).
 #pragma once
 
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/ivalue.h>
@@ -34,6 +36,25 @@ AMP_EXPORT c10::IValue load_pickled(const std::string& path);
 /// Errors: c10::Error naming the file and the value it cannot write (another IValue kind, or a
 ///   tensor dtype torch.save has no record for), or the file it cannot write.
 AMP_EXPORT void save_pickled(const c10::IValue& value, const std::string& path);
+
+/// A dict of names to values of any kind (LibTorch's Dict<str, Any>), the form of Python's
+/// checkpoint dicts, for save_pickled. The AMP recipe's one-file checkpoint:
+///   amp::save_pickled(amp::make_dict({{"model", amp::state_dict(*model)},
+///                                     {"optimizer", amp::optimizer_state_dict(optimizer)},
+///                                     {"scaler", scaler.state_dict()},
+///                                     {"step", step}}),
+///                     "checkpoint.pt");
+/// which Python reads with `torch.load("checkpoint.pt", weights_only=True)`.
+/// Errors: c10::Error naming a key given twice.
+AMP_EXPORT c10::IValue make_dict(
+    std::initializer_list<std::pair<std::string, c10::IValue>> entries = {});
+
+/// The entry `name` of a dict load_pickled read (a checkpoint of Python's or make_dict's), as it
+/// stands: pass it on to load_state_dict, load_optimizer_state_dict or
+/// GradScaler::load_state_dict, or read a number with `.toInt()`.
+/// Errors: c10::Error when `dict` is not a dict with string keys, or lacks `name` (listing the
+///   names it has).
+AMP_EXPORT c10::IValue dict_entry(const c10::IValue& dict, const std::string& name);
 
 /// The keys a state dict and a module disagree on, as Python's `load_state_dict` returns them.
 struct StateDictKeys {
@@ -71,7 +92,13 @@ AMP_EXPORT StateDictKeys load_state_dict(torch::nn::Module& module, const c10::I
 AMP_EXPORT void consume_prefix_in_state_dict_if_present(c10::IValue& state,
                                                         const std::string& prefix);
 
-/// load_pickled(path), then load_state_dict(module, value, strict); errors name the file.
+/// load_pickled(path), then load_state_dict(module, value, strict); errors name the file. The
+/// file's `_metadata` (the module versions torch.save writes with a state_dict) is read as
+/// Python's modules read it: a BatchNorm or InstanceNorm saved before version 2 (or with no
+/// version: a plain dict, a converted file) may lack num_batches_tracked, which the module then
+/// keeps; an InstanceNorm without running statistics refuses a version-less state that has them,
+/// in Python's words. An IValue carries no `_metadata`: the overload above reads every module as
+/// version-less, as Python reads a plain dict.
 AMP_EXPORT StateDictKeys load_state_dict(torch::nn::Module& module, const std::string& path,
                                          bool strict = true);
 

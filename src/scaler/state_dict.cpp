@@ -265,6 +265,16 @@ void GradScaler::load_state_dict(const c10::impl::GenericDict& state_dict) {
   load_state_dict(typed);
 }
 
+void GradScaler::load_state_dict(const c10::IValue& state_dict) {
+  TORCH_CHECK(state_dict.isGenericDict(), "GradScaler::load_state_dict: the state is a ",
+              state_dict.tagKind(),
+              " rather than a dict; pass what GradScaler.state_dict() or scaler.state_dict() "
+              "saved (a checkpoint's \"scaler\" entry).");
+  load_state_dict(state_dict.toGenericDict());
+}
+
+void GradScaler::load_state_dict(const char* path) { load_state_dict(std::string(path)); }
+
 void GradScaler::save_state_dict(const std::string& path) const {
   const detail::ConcurrentUseDetector::Scope in_use(use_, "save_state_dict");
   const std::vector<char> bytes = python_file_bytes(c10::IValue(state_dict()));

@@ -50,14 +50,15 @@ constexpr StorageType kSavedDtypes[] = {
 // What a GLOBAL names; the scanner accepts nothing else.
 enum class Callable {
   kNone,
-  kClass,            // a __torch__ class (NEWOBJ)
-  kStorage,          // torch.<X>Storage or torch.storage.UntypedStorage (in a tensor record)
-  kDtype,            // torch.<dtype> (_rebuild_tensor_v3's last argument)
-  kRebuildTensor,    // torch._utils._rebuild_tensor_v2
-  kRebuildTensorV3,  // torch._utils._rebuild_tensor_v3 (Python's torch.save, float8 dtypes)
-  kOrderedDict,      // collections.OrderedDict
-  kBuildList,        // torch.jit._pickle.build_{int,double,bool,tensor}list
-  kRestoreTypeTag,   // torch.jit._pickle.restore_type_tag
+  kClass,             // a __torch__ class (NEWOBJ)
+  kStorage,           // torch.<X>Storage or torch.storage.UntypedStorage (in a tensor record)
+  kDtype,             // torch.<dtype> (_rebuild_tensor_v3's last argument)
+  kRebuildTensor,     // torch._utils._rebuild_tensor_v2
+  kRebuildTensorV3,   // torch._utils._rebuild_tensor_v3 (Python's torch.save, float8 dtypes)
+  kRebuildParameter,  // torch._utils._rebuild_parameter[_with_state] (an nn.Parameter, torch.save)
+  kOrderedDict,       // collections.OrderedDict
+  kBuildList,         // torch.jit._pickle.build_{int,double,bool,tensor}list
+  kRestoreTypeTag,    // torch.jit._pickle.restore_type_tag
 };
 
 struct Node;
@@ -259,6 +260,9 @@ class ArchivePickleScanner : PickleCursor {
       value.callable = Callable::kRebuildTensor;
     } else if (module == "torch._utils" && name == "_rebuild_tensor_v3") {
       value.callable = Callable::kRebuildTensorV3;
+    } else if (module == "torch._utils" &&
+               (name == "_rebuild_parameter" || name == "_rebuild_parameter_with_state")) {
+      value.callable = Callable::kRebuildParameter;
     } else if (module == "collections" && name == "OrderedDict") {
       value.callable = Callable::kOrderedDict;
     } else if (module == "torch.jit._pickle") {
@@ -271,9 +275,9 @@ class ArchivePickleScanner : PickleCursor {
     }
     if (value.callable == Callable::kNone) {
       fail_at(at, "GLOBAL imports ", quoted(module), ".", quoted(name),
-              ", which neither a LibTorch archive nor torch.save uses (only __torch__ classes, "
-              "tensor storages and dtypes, _rebuild_tensor_v2/v3, OrderedDict and "
-              "torch.jit._pickle's builders)");
+              ", which amp does not read (only __torch__ classes, tensor storages and dtypes, "
+              "_rebuild_tensor_v2/v3, _rebuild_parameter, OrderedDict and torch.jit._pickle's "
+              "builders)");
     }
     push(at, std::move(value));
   }
@@ -432,6 +436,18 @@ class ArchivePickleScanner : PickleCursor {
       case Callable::kRebuildTensorV3:
         push(at, rebuild_tensor(at, args, callable.callable == Callable::kRebuildTensorV3));
         return;
+      case Callable::kRebuildParameter: {
+        // (tensor, requires_grad, backward_hooks[, state]): the parameter is its tensor.
+        if ((args.node->size != 3 && args.node->size != 4) || items.size() != args.node->size ||
+            items[0].kind != Value::Kind::kTensor || items[1].kind != Value::Kind::kBool ||
+            items[2].kind != Value::Kind::kDict) {
+          fail_at(at,
+                  "_rebuild_parameter is called with something other than a tensor, "
+                  "requires_grad and its hooks");
+        }
+        push(at, items[0]);
+        return;
+      }
       case Callable::kOrderedDict: {
         if (args.node->size != 0) fail_at(at, "OrderedDict is called with arguments");
         Value dict = container(Value::Kind::kDict);

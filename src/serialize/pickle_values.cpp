@@ -80,7 +80,17 @@ struct Item {
   Kind kind = Kind::kValue;
   PickledValue value;
   // kGlobal: what it names; kStorage: the record.
-  enum class Global { kNone, kOrderedDict, kRebuildV2, kRebuildV3, kStorageType, kUntyped, kDtype };
+  enum class Global {
+    kNone,
+    kOrderedDict,
+    kRebuildV2,
+    kRebuildV3,
+    kRebuildParameter,
+    kRebuildParameterWithState,
+    kStorageType,
+    kUntyped,
+    kDtype
+  };
   Global global = Global::kNone;
   const Dtype* dtype = nullptr;  // kStorageType, kDtype; kStorage (null: untyped)
   std::string key, location;     // kStorage
@@ -109,18 +119,22 @@ Item value_item(PickledValue value) {
   return item;
 }
 
-PickledValue container(PickledValue::Kind kind, std::vector<PickledValue> items = {}) {
-  PickledValue value;
-  value.kind = kind;
-  value.items = std::make_shared<std::vector<PickledValue>>(std::move(items));
-  return value;
-}
-
 class TorchPickleEvaluator : PickleCursor {
  public:
   TorchPickleEvaluator(std::string_view pickle, std::string_view entry_name)
       : PickleCursor(pickle, entry_name, kTorchSaveOpcodes,
                      "is not used by torch.save; the file is damaged or holds other objects") {}
+  TorchPickleEvaluator(const TorchPickleEvaluator&) = delete;
+  TorchPickleEvaluator& operator=(const TorchPickleEvaluator&) = delete;
+  // A refused pickle may have built containers that hold each other: they are emptied, so that
+  // none outlives the evaluator.
+  ~TorchPickleEvaluator() {
+    if (accepted_) return;
+    for (PickledValue& made : containers_) {
+      made.items->clear();
+      if (made.attributes) *made.attributes = PickledValue{};
+    }
+  }
 
   PickledValue run() {
     while (true) {
@@ -129,13 +143,67 @@ class TorchPickleEvaluator : PickleCursor {
         if (stack_.size() != 1 || !marks_.empty()) {
           fail_at(op.at, "STOP with ", stack_.size(), " values on the stack");
         }
-        return value_of(op.at, stack_.back(), "the pickle's result");
+        PickledValue result = value_of(op.at, stack_.back(), "the pickle's result");
+        refuse_cycles(op.at);
+        accepted_ = true;
+        return result;
       }
       step(op);
     }
   }
 
  private:
+  PickledValue container(PickledValue::Kind kind, std::vector<PickledValue> items = {}) {
+    PickledValue value;
+    value.kind = kind;
+    value.items = std::make_shared<std::vector<PickledValue>>(std::move(items));
+    containers_.push_back(value);
+    return value;
+  }
+
+  // Python builds a list that holds itself (`l.append(l)`), or a dict that does through its
+  // values; a C++ value (an IValue) that did would never be freed and would send every walk over
+  // it (converting, printing, saving) round for ever. Every container the pickle made is walked
+  // once, without recursion, and the first one found inside itself is refused.
+  void refuse_cycles(std::size_t at) const {
+    enum class State : char { kOpen, kDone };
+    std::unordered_map<const void*, State> seen;
+    // A container being walked: its items, then its attributes (an OrderedDict's).
+    struct Frame {
+      const PickledValue* value;
+      std::size_t next;
+    };
+    std::vector<Frame> path;
+    const auto enter = [&](const PickledValue& value) {
+      if (!value.items) return;
+      const auto [found, fresh] = seen.try_emplace(value.items.get(), State::kOpen);
+      if (fresh) {
+        path.push_back({&value, 0});
+      } else if (found->second == State::kOpen) {
+        fail_at(at, describe_kind(value.kind),
+                " holds itself (directly or through the values inside it); Python can build "
+                "such a value, but amp reads only values that do not refer to themselves: save "
+                "the object without the self-reference");
+      }
+    };
+    for (const PickledValue& root : containers_) {
+      enter(root);
+      while (!path.empty()) {
+        Frame& frame = path.back();
+        const std::vector<PickledValue>& items = *frame.value->items;
+        if (frame.next < items.size()) {
+          enter(items[frame.next++]);
+        } else if (frame.next == items.size() && frame.value->attributes) {
+          ++frame.next;
+          enter(*frame.value->attributes);
+        } else {
+          seen[frame.value->items.get()] = State::kDone;
+          path.pop_back();
+        }
+      }
+    }
+  }
+
   Item pop(std::size_t at) {
     const std::size_t floor = marks_.empty() ? 0 : marks_.back();
     if (stack_.size() <= floor) fail_at(at, "an opcode needs a value but the stack is empty");
@@ -175,6 +243,10 @@ class TorchPickleEvaluator : PickleCursor {
       item.global = Item::Global::kRebuildV2;
     } else if (module == "torch._utils" && name == "_rebuild_tensor_v3") {
       item.global = Item::Global::kRebuildV3;
+    } else if (module == "torch._utils" && name == "_rebuild_parameter") {
+      item.global = Item::Global::kRebuildParameter;
+    } else if (module == "torch._utils" && name == "_rebuild_parameter_with_state") {
+      item.global = Item::Global::kRebuildParameterWithState;
     } else if (module == "torch.storage" && name == "UntypedStorage") {
       item.global = Item::Global::kUntyped;
     } else if (module == "torch") {
@@ -274,6 +346,30 @@ class TorchPickleEvaluator : PickleCursor {
     return value;
   }
 
+  // _rebuild_parameter(tensor, requires_grad, backward_hooks) or _rebuild_parameter_with_state(
+  // ..., state): an nn.Parameter, which is its tensor with requires_grad. Its hooks (an empty
+  // OrderedDict when torch.save wrote it) and the Python attributes in `state` have no C++ form.
+  PickledValue parameter(std::size_t at, const Item& args, bool with_state) {
+    const std::size_t count = with_state ? 4 : 3;
+    if (args.kind != Item::Kind::kValue || args.value.kind != PickledValue::Kind::kTuple ||
+        args.value.items->size() != count ||
+        (*args.value.items)[0].kind != PickledValue::Kind::kTensor ||
+        (*args.value.items)[1].kind != PickledValue::Kind::kBool ||
+        (*args.value.items)[2].kind != PickledValue::Kind::kDict) {
+      fail_at(at, with_state ? "_rebuild_parameter_with_state" : "_rebuild_parameter",
+              " is called with other arguments than torch.save writes (a tensor, requires_grad "
+              "and its hooks",
+              with_state ? ", and its attributes)" : ")");
+    }
+    const std::vector<PickledValue>& items = *args.value.items;
+    auto tensor = std::make_shared<PickledTensor>(*items[0].tensor);
+    tensor->requires_grad = items[1].integer != 0;
+    PickledValue value;
+    value.kind = PickledValue::Kind::kTensor;
+    value.tensor = std::move(tensor);
+    return value;
+  }
+
   void reduce(std::size_t at) {
     Item args = pop(at);
     const Item callable = pop(at);
@@ -285,7 +381,15 @@ class TorchPickleEvaluator : PickleCursor {
       }
       PickledValue dict = container(PickledValue::Kind::kDict);
       dict.ordered_dict = true;
+      dict.attributes = std::make_shared<PickledValue>();
+      containers_.back() = dict;
       stack_.push_back(value_item(std::move(dict)));
+      return;
+    }
+    if (callable.global == Item::Global::kRebuildParameter ||
+        callable.global == Item::Global::kRebuildParameterWithState) {
+      stack_.push_back(value_item(
+          parameter(at, args, callable.global == Item::Global::kRebuildParameterWithState)));
       return;
     }
     if (callable.global != Item::Global::kRebuildV2 &&
@@ -385,14 +489,18 @@ class TorchPickleEvaluator : PickleCursor {
         return;
       }
       case kBuild: {
-        // Only an OrderedDict's attributes (a module state_dict's `_metadata`), which a LibTorch
-        // module has no use for.
+        // Only an OrderedDict's attributes (a module state_dict's `_metadata`: the versions
+        // Python's modules read when they load).
         const PickledValue state = value_of(at, pop(at), "BUILD's state");
-        const auto& target = top_items(at, PickledValue::Kind::kDict);
-        (void)target;
-        if (!stack_.back().value.ordered_dict || state.kind != PickledValue::Kind::kDict) {
+        (void)top_items(at, PickledValue::Kind::kDict);
+        const PickledValue& target = stack_.back().value;
+        if (!target.ordered_dict || state.kind != PickledValue::Kind::kDict) {
           fail_at(at, "BUILD gives state to something other than an OrderedDict");
         }
+        if (target.attributes->kind != PickledValue::Kind::kNone) {
+          fail_at(at, "BUILD gives an OrderedDict attributes twice");
+        }
+        *target.attributes = state;
         return;
       }
       case kBinPut:
@@ -471,8 +579,12 @@ class TorchPickleEvaluator : PickleCursor {
   std::vector<Item> stack_;
   std::vector<std::size_t> marks_;
   std::vector<Item> memo_;
+  // Every container made, alive until the evaluator ends: dict_keys_ is keyed by address, which a
+  // freed container (one a BUILD or a REDUCE dropped) would otherwise pass on to a later one.
+  std::vector<PickledValue> containers_;
   // Each dict's keys so far ("s<text>", "i<int>"): a repeated key is refused in O(1).
   std::unordered_map<const void*, std::unordered_set<std::string>> dict_keys_;
+  bool accepted_ = false;
 };
 
 }  // namespace

@@ -39,6 +39,9 @@ struct PickledValue {
   /// kTuple, kList: the items; kDict: keys and values alternating, in insertion order.
   std::shared_ptr<std::vector<PickledValue>> items;
   bool ordered_dict = false;  ///< kDict made by collections.OrderedDict (a module's state_dict)
+  /// An OrderedDict's attributes, shared by every copy: what BUILD gave it (a module state_dict's
+  /// {"_metadata": {module prefix: {"version": n}}}), or None.
+  std::shared_ptr<PickledValue> attributes;
   std::shared_ptr<const PickledTensor> tensor;  ///< kTensor
 };
 
@@ -65,9 +68,11 @@ const char* describe_kind(PickledValue::Kind kind);
 
 /// Evaluates `pickle` (`entry_name` is used in messages), which check_archive_pickle accepted:
 /// the value it builds. Accepts torch.save's subset of what the checker does (no __torch__
-/// classes), refuses the rest with ReaderError naming the byte; an OrderedDict's attributes
-/// (BUILD: a module state_dict's `_metadata`) are dropped. Time and memory are proportional to
-/// the pickle's size.
+/// classes; an nn.Parameter, from _rebuild_parameter, is its tensor with requires_grad), refuses
+/// the rest with ReaderError naming the byte; an OrderedDict's attributes (BUILD: a module
+/// state_dict's `_metadata`) are kept in `attributes`. A value that holds itself (Python's
+/// `l.append(l)`) is refused: no C++ value can. Time and memory are proportional to the
+/// pickle's size.
 PickledValue evaluate_torch_pickle(std::string_view pickle, std::string_view entry_name);
 
 }  // namespace amp::detail

@@ -14,6 +14,8 @@
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/instancenorm.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -174,7 +176,20 @@ class PickledReader {
     if (found->second.scalar_type() != *dtype) {
       throw detail::ReaderError("the storage " + t.key + " is read as two dtypes");
     }
-    return found->second.as_strided(t.sizes, t.strides, t.offset);
+    // The checker bounded each view by its own record's count; a later record of the same key
+    // may claim more elements than the first one read.
+    if (t.storage_numel > static_cast<std::uint64_t>(found->second.numel())) {
+      throw detail::ReaderError("the storage " + t.key + " is given " +
+                                std::to_string(found->second.numel()) + " and then " +
+                                std::to_string(t.storage_numel) + " elements");
+    }
+    at::Tensor view = found->second.as_strided(t.sizes, t.strides, t.offset);
+    // Python's rebuilt tensor (an nn.Parameter's, say) requires grad as saved: a leaf that
+    // shares the storage with the others of its key.
+    if (t.requires_grad && (view.is_floating_point() || view.is_complex())) {
+      view = view.detach().requires_grad_(true);
+    }
+    return view;
   }
 
   std::string_view file_;
@@ -315,9 +330,125 @@ std::string key_list(const std::vector<std::string>& keys) {
   return text;
 }
 
-}  // namespace
+// ---- module versions: what Python's modules do with old state dicts ----
 
-c10::IValue load_pickled(const std::string& path) {
+// Each module's version as the state dict's `_metadata` records it (torch.save of a module's
+// state_dict() writes one per module prefix: "" for the root, "1", "encoder.norm"). A plain dict,
+// an IValue or a file without it has none, which Python reads as version None everywhere.
+using ModuleVersions = std::map<std::string, int64_t>;
+
+ModuleVersions module_versions(const PickledValue& root) {
+  ModuleVersions versions;
+  const auto find = [](const PickledValue& dict, const char* key) -> const PickledValue* {
+    if (dict.kind != PickledValue::Kind::kDict) return nullptr;
+    for (std::size_t k = 0; k + 1 < dict.items->size(); k += 2) {
+      const PickledValue& name = (*dict.items)[k];
+      if (name.kind == PickledValue::Kind::kString && name.text == key) {
+        return &(*dict.items)[k + 1];
+      }
+    }
+    return nullptr;
+  };
+  if (root.kind != PickledValue::Kind::kDict || !root.attributes) return versions;
+  const PickledValue* metadata = find(*root.attributes, "_metadata");
+  if (metadata == nullptr || metadata->kind != PickledValue::Kind::kDict) return versions;
+  for (std::size_t k = 0; k + 1 < metadata->items->size(); k += 2) {
+    const PickledValue& prefix = (*metadata->items)[k];
+    const PickledValue* version = find((*metadata->items)[k + 1], "version");
+    if (prefix.kind == PickledValue::Kind::kString && version != nullptr &&
+        version->kind == PickledValue::Kind::kInt) {
+      versions.emplace(prefix.text, version->integer);
+    }
+  }
+  return versions;
+}
+
+// The modules LibTorch shares with Python whose _load_from_state_dict reads its version: the
+// normalisation layers of Python's _NormBase (BatchNorm, InstanceNorm), whose running statistics
+// and num_batches_tracked came in later versions.
+struct NormLayer {
+  bool instance_norm;
+  bool track_running_stats;
+};
+
+std::optional<NormLayer> norm_layer(const torch::nn::Module& module) {
+  if (const auto* m = dynamic_cast<const torch::nn::BatchNorm1dImpl*>(&module))
+    return NormLayer{false, m->options.track_running_stats()};
+  if (const auto* m = dynamic_cast<const torch::nn::BatchNorm2dImpl*>(&module))
+    return NormLayer{false, m->options.track_running_stats()};
+  if (const auto* m = dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&module))
+    return NormLayer{false, m->options.track_running_stats()};
+  if (const auto* m = dynamic_cast<const torch::nn::InstanceNorm1dImpl*>(&module))
+    return NormLayer{true, m->options.track_running_stats()};
+  if (const auto* m = dynamic_cast<const torch::nn::InstanceNorm2dImpl*>(&module))
+    return NormLayer{true, m->options.track_running_stats()};
+  if (const auto* m = dynamic_cast<const torch::nn::InstanceNorm3dImpl*>(&module))
+    return NormLayer{true, m->options.track_running_stats()};
+  return std::nullopt;
+}
+
+// Python's version rules for old state dicts, over the module tree as `collect` names it:
+// - a norm layer that tracks running statistics and is below version 2 (or has none) keeps its
+//   own num_batches_tracked when the state lacks it (the buffer came in version 2);
+// - an InstanceNorm that does not track them, with no version, refuses running statistics in
+//   the state with Python's sentence (before version 1 they were saved whatever the option).
+// `kept` receives the entries the module keeps; `errors` Python's messages.
+void apply_version_rules(const torch::nn::Module& module, const std::string& prefix,
+                         const ModuleVersions& versions,
+                         const std::map<std::string, at::Tensor>& given,
+                         std::set<std::string>& kept, std::vector<std::string>& errors) {
+  if (dynamic_cast<const CheckpointWrapperImpl*>(&module) != nullptr) {
+    for (const auto& child : module.named_children()) {
+      apply_version_rules(*child.value(), prefix, versions, given, kept, errors);
+    }
+    return;
+  }
+  if (const std::optional<NormLayer> norm = norm_layer(module)) {
+    const auto found = versions.find(prefix.empty() ? prefix : prefix.substr(0, prefix.size() - 1));
+    const std::optional<int64_t> version =
+        found == versions.end() ? std::nullopt : std::optional<int64_t>(found->second);
+    if ((!version || *version < 2) && norm->track_running_stats &&
+        given.count(prefix + "num_batches_tracked") == 0) {
+      kept.insert(prefix + "num_batches_tracked");
+    }
+    if (!version && norm->instance_norm && !norm->track_running_stats) {
+      std::vector<std::string> stats;
+      for (const char* name : {"running_mean", "running_var"}) {
+        if (given.count(prefix + name) != 0) stats.push_back(prefix + name);
+      }
+      if (!stats.empty()) {
+        std::string names;
+        for (const std::string& key : stats)
+          names += (names.empty() ? "\"" : " and \"") + key + "\"";
+        // Python's class name: "torch::nn::InstanceNorm1dImpl" -> "InstanceNorm1d".
+        std::string klass = module.name().substr(module.name().rfind(':') + 1);
+        if (klass.size() > 4 && klass.compare(klass.size() - 4, 4, "Impl") == 0) {
+          klass.resize(klass.size() - 4);
+        }
+        errors.push_back("Unexpected running stats buffer(s) " + names + " for " + klass +
+                         " with track_running_stats=False. If state_dict is a checkpoint saved "
+                         "before 0.4.0, this may be expected because " +
+                         klass +
+                         " does not track running stats by default since 0.4.0. Please remove "
+                         "these keys from state_dict. If the running stats are actually needed, "
+                         "instead set track_running_stats=True in " +
+                         klass + " to enable them.");
+      }
+    }
+  }
+  for (const auto& child : module.named_children()) {
+    apply_version_rules(*child.value(), prefix + child.key() + ".", versions, given, kept, errors);
+  }
+}
+
+// A torch.save file's root value, as the evaluator built it (an OrderedDict's `_metadata`
+// included) and converted to an IValue.
+struct PickledFile {
+  PickledValue root;
+  c10::IValue value;
+};
+
+PickledFile read_pickled(const std::string& path) {
   const auto file = detail::open_checked(path, "a torch.save file", "amp::load_pickled",
                                          "name a file written by torch.save or amp::save_pickled.");
   try {
@@ -332,15 +463,50 @@ c10::IValue load_pickled(const std::string& path) {
                               "-endian; amp reads little-endian files");
     }
     const detail::ZipEntry& pickle_entry = archive.entries[archive.by_name.at("data.pkl")];
-    const PickledValue root = detail::evaluate_torch_pickle(
+    PickledFile read;
+    read.root = detail::evaluate_torch_pickle(
         detail::entry_bytes(file->bytes(), pickle_entry, detail::kMaxArchivePickleSize,
                             "the pickle", inflated),
         pickle_entry.name);
     PickledReader reader(file->bytes(), archive);
-    return reader.convert(root);
+    read.value = reader.convert(read.root);
+    return read;
   } catch (const detail::ReaderError& error) {
     refuse_file(path, std::string("not a file torch.save writes, or damaged: ") + error.what());
+  } catch (const c10::Error& error) {
+    // LibTorch refused a tensor the file describes: still this file's fault, and said as such.
+    refuse_file(path, std::string("not a file torch.save writes, or damaged: ") +
+                          error.what_without_backtrace());
   }
+}
+
+}  // namespace
+
+c10::IValue load_pickled(const std::string& path) { return read_pickled(path).value; }
+
+c10::IValue make_dict(std::initializer_list<std::pair<std::string, c10::IValue>> entries) {
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [name, value] : entries) {
+    TORCH_CHECK(!dict.contains(name), "amp::make_dict: the key \"", name,
+                "\" is given twice; each name holds one value.");
+    dict.insert(name, value);
+  }
+  return dict;
+}
+
+c10::IValue dict_entry(const c10::IValue& dict, const std::string& name) {
+  TORCH_CHECK(dict.isGenericDict(), "amp::dict_entry: the value is a ", dict.tagKind(),
+              ", not a dict; pass what load_pickled read from a checkpoint dict.");
+  const auto entries = dict.toGenericDict();
+  std::string names;
+  for (const auto& entry : entries) {
+    TORCH_CHECK(entry.key().isString(), "amp::dict_entry: the dict has a ", entry.key().tagKind(),
+                " key; a checkpoint dict is keyed by names.");
+    if (entry.key().toStringRef() == name) return entry.value();
+    names += (names.empty() ? "\"" : ", \"") + entry.key().toStringRef() + "\"";
+  }
+  TORCH_CHECK(false, "amp::dict_entry: the dict has no entry \"", name, "\"; it has ",
+              names.empty() ? std::string("none") : names, ".");
 }
 
 void save_pickled(const c10::IValue& value, const std::string& path) {
@@ -363,7 +529,10 @@ c10::Dict<std::string, at::Tensor> state_dict(const torch::nn::Module& module) {
   return dict;
 }
 
-StateDictKeys load_state_dict(torch::nn::Module& module, const c10::IValue& state, bool strict) {
+namespace {
+
+StateDictKeys load_state_dict_with_versions(torch::nn::Module& module, const c10::IValue& state,
+                                            bool strict, const ModuleVersions& versions) {
   TORCH_CHECK(state.isGenericDict(), "load_state_dict: the state is a ", state.tagKind(),
               " rather than a dict of names to tensors (what torch.save(model.state_dict()) "
               "writes)");
@@ -379,6 +548,14 @@ StateDictKeys load_state_dict(torch::nn::Module& module, const c10::IValue& stat
   }
   std::vector<std::pair<std::string, at::Tensor>> own;
   collect(module, "", own);
+  std::set<std::string> kept;
+  std::vector<std::string> version_errors;
+  apply_version_rules(module, "", versions, given, kept, version_errors);
+  if (!version_errors.empty()) {
+    std::string message = "load_state_dict: Error(s) in loading state_dict:";
+    for (const std::string& error : version_errors) message += " " + error;
+    TORCH_CHECK(false, message, " The module is unchanged.");
+  }
   StateDictKeys keys;
   std::set<std::string> own_names;
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (destination, source)
@@ -386,7 +563,7 @@ StateDictKeys load_state_dict(torch::nn::Module& module, const c10::IValue& stat
     own_names.insert(name);
     const auto found = given.find(name);
     if (found == given.end()) {
-      keys.missing_keys.push_back(name);
+      if (kept.count(name) == 0) keys.missing_keys.push_back(name);
       continue;
     }
     const at::Tensor& source = found->second;
@@ -418,6 +595,12 @@ StateDictKeys load_state_dict(torch::nn::Module& module, const c10::IValue& stat
   return keys;
 }
 
+}  // namespace
+
+StateDictKeys load_state_dict(torch::nn::Module& module, const c10::IValue& state, bool strict) {
+  return load_state_dict_with_versions(module, state, strict, ModuleVersions{});
+}
+
 void consume_prefix_in_state_dict_if_present(c10::IValue& state, const std::string& prefix) {
   TORCH_CHECK(state.isGenericDict(), "consume_prefix_in_state_dict_if_present: the state is a ",
               state.tagKind(), ", not a state dict (a dict of names to tensors).");
@@ -439,9 +622,9 @@ void consume_prefix_in_state_dict_if_present(c10::IValue& state, const std::stri
 }
 
 StateDictKeys load_state_dict(torch::nn::Module& module, const std::string& path, bool strict) {
-  const c10::IValue state = load_pickled(path);
+  const PickledFile file = read_pickled(path);
   try {
-    return load_state_dict(module, state, strict);
+    return load_state_dict_with_versions(module, file.value, strict, module_versions(file.root));
   } catch (const c10::Error& error) {
     TORCH_CHECK(false, "'", path, "': ", error.msg());
   }
@@ -513,6 +696,7 @@ struct OptimizerTraits {
   std::optional<bool> decoupled_weight_decay;
   bool maximizes;
   std::optional<bool> fused;
+  const char* family = nullptr;  // "Adam", "SGD", "Lion" (as group_family names them), or none
 };
 
 template <typename T>
@@ -530,15 +714,20 @@ const torch::optim::Optimizer& unwrapped(const torch::optim::Optimizer& optimize
 OptimizerTraits traits_of(const torch::optim::Optimizer& wrapper) {
   const torch::optim::Optimizer& optimizer = unwrapped(wrapper);
   // amp's unfused Adam/AdamW derive from LibTorch's, so they are asked first.
-  if (is_a<amp::optim::FusedAdam>(optimizer)) return {"amp::optim::FusedAdam", false, true, true};
-  if (is_a<amp::optim::FusedAdamW>(optimizer)) return {"amp::optim::FusedAdamW", true, true, true};
-  if (is_a<amp::optim::FusedSGD>(optimizer)) return {"amp::optim::FusedSGD", {}, true, true};
-  if (is_a<amp::optim::FusedLion>(optimizer)) return {"amp::optim::FusedLion", {}, true, {}};
-  if (is_a<amp::optim::Adam>(optimizer)) return {"amp::optim::Adam", false, false, false};
-  if (is_a<amp::optim::AdamW>(optimizer)) return {"amp::optim::AdamW", true, false, false};
-  if (is_a<torch::optim::Adam>(optimizer)) return {"torch::optim::Adam", false, false, false};
-  if (is_a<torch::optim::AdamW>(optimizer)) return {"torch::optim::AdamW", true, false, false};
-  if (is_a<torch::optim::SGD>(optimizer)) return {"torch::optim::SGD", {}, false, false};
+  if (is_a<amp::optim::FusedAdam>(optimizer))
+    return {"amp::optim::FusedAdam", false, true, true, "Adam"};
+  if (is_a<amp::optim::FusedAdamW>(optimizer))
+    return {"amp::optim::FusedAdamW", true, true, true, "Adam"};
+  if (is_a<amp::optim::FusedSGD>(optimizer)) return {"amp::optim::FusedSGD", {}, true, true, "SGD"};
+  if (is_a<amp::optim::FusedLion>(optimizer))
+    return {"amp::optim::FusedLion", {}, true, {}, "Lion"};
+  if (is_a<amp::optim::Adam>(optimizer)) return {"amp::optim::Adam", false, false, false, "Adam"};
+  if (is_a<amp::optim::AdamW>(optimizer)) return {"amp::optim::AdamW", true, false, false, "Adam"};
+  if (is_a<torch::optim::Adam>(optimizer))
+    return {"torch::optim::Adam", false, false, false, "Adam"};
+  if (is_a<torch::optim::AdamW>(optimizer))
+    return {"torch::optim::AdamW", true, false, false, "Adam"};
+  if (is_a<torch::optim::SGD>(optimizer)) return {"torch::optim::SGD", {}, false, false, "SGD"};
   // Another optimizer: LibTorch's others have no maximize, and a group asking for it is refused.
   return {"this optimizer", {}, false, {}};
 }
@@ -602,6 +791,101 @@ std::map<int64_t, at::Tensor> check_group_layout(const torch::optim::Optimizer& 
   }
   return param_of;
 }
+
+// The optimizer type a Python param group is of, by the options only it has: "betas" and "eps"
+// (Adam, AdamW), "betas" alone (Lion), "momentum" and "dampening" (SGD); null for another.
+const char* group_family(const c10::impl::GenericDict& group) {
+  if (group.contains("betas")) return group.contains("eps") ? "Adam" : "Lion";
+  if (group.contains("momentum") && group.contains("dampening")) return "SGD";
+  return nullptr;
+}
+
+// What each family's groups hold, for messages.
+const char* family_keys(const char* family) {
+  if (family == nullptr) return "none of \"betas\", \"momentum\" and \"dampening\"";
+  if (std::strcmp(family, "Adam") == 0) return "\"betas\" and \"eps\"";
+  if (std::strcmp(family, "Lion") == 0) return "\"betas\" without \"eps\"";
+  return "\"momentum\" and \"dampening\"";
+}
+
+// Refuses a group of another optimizer type than `optimizer`'s before anything is loaded: its
+// state has other names, which LibTorch's optimizers would fail on half way through.
+void check_group_family(const OptimizerTraits& traits, const c10::impl::GenericDict& group,
+                        std::size_t g) {
+  if (traits.family == nullptr) return;
+  const char* family = group_family(group);
+  if (family != nullptr && std::strcmp(family, traits.family) == 0) return;
+  TORCH_CHECK(
+      false, "load_optimizer_state_dict: param group ", g, " of the state is of ",
+      family == nullptr ? "another optimizer" : (std::string("an ") + family + " optimizer"),
+      " (it has ", family_keys(family), ") but ", traits.name, " is an ", traits.family,
+      " optimizer (its groups have ", family_keys(traits.family),
+      "); load the state into an optimizer of the type that saved it. The optimizer is "
+      "unchanged.");
+}
+
+// A group option as LibTorch's options read it: a number. Python keeps a tensor there when it
+// was given one (`lr=torch.tensor(0.01)`) and reads it through _to_scalar, which takes any tensor
+// of one element; amp takes its value (a float option as a double). Anything else is refused.
+c10::IValue option_number(const c10::IValue& value, const std::string& name, std::size_t g) {
+  if (!value.isTensor()) return value;
+  const at::Tensor& t = value.toTensor();
+  TORCH_CHECK(t.defined() && t.numel() == 1 && !t.is_complex(),
+              "load_optimizer_state_dict: param group ", g, "'s \"", name, "\" is a tensor of ",
+              t.defined() ? t.numel() : 0, t.defined() && t.is_complex() ? " complex" : "",
+              " elements; an option is a number or a tensor of one real element (Python's "
+              "_to_scalar). The optimizer is unchanged.");
+  if (t.is_floating_point()) return c10::IValue(t.item<double>());
+  if (t.scalar_type() == at::kBool) return c10::IValue(t.item<bool>());
+  return c10::IValue(t.item<int64_t>());
+}
+
+// Python continues a group saved with fused=True with its fused kernel, and one without it with
+// the single-tensor (or foreach) path: the two round differently, so a load that changes the
+// arithmetic is said once per load.
+void warn_if_other_arithmetic(const OptimizerTraits& traits, const c10::List<c10::IValue>& groups) {
+  if (!traits.fused) return;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const auto group = groups.get(g).toGenericDict();
+    if (!group.contains("fused") || !group.at("fused").isBool()) continue;
+    const bool fused = group.at("fused").toBool();
+    if (fused == *traits.fused) continue;
+    TORCH_WARN("load_optimizer_state_dict: param group ", g, " was saved by Python's ",
+               fused ? "fused=True" : "unfused (single-tensor or foreach)", " optimizer but ",
+               traits.name, " continues it with ", *traits.fused ? "fused" : "single-tensor",
+               " arithmetic, which rounds differently; load it into ",
+               fused ? "amp's fused optimizer of that type (FusedAdamW, FusedAdam, FusedSGD)"
+                     : "amp::optim::AdamW, amp::optim::Adam or LibTorch's SGD",
+               " to continue bit for bit.");
+    return;
+  }
+}
+
+// The optimizer's state and options as they are, to put back when its own load fails half way:
+// LibTorch's loads replace each state object and each group's options, never a tensor in place,
+// so copies of the objects (sharing the tensors) are enough.
+class OptimizerSnapshot {
+ public:
+  explicit OptimizerSnapshot(torch::optim::Optimizer& optimizer) : optimizer_(optimizer) {
+    for (const auto& [key, state] : optimizer.state()) state_.emplace_back(key, state->clone());
+    for (const auto& group : optimizer.param_groups()) {
+      options_.push_back(group.has_options() ? group.options().clone() : nullptr);
+    }
+  }
+  void restore() {
+    optimizer_.state().clear();
+    for (auto& [key, state] : state_) optimizer_.state()[key] = std::move(state);
+    auto& groups = optimizer_.param_groups();
+    for (std::size_t g = 0; g < groups.size() && g < options_.size(); ++g) {
+      if (options_[g]) groups[g].set_options(std::move(options_[g]));
+    }
+  }
+
+ private:
+  torch::optim::Optimizer& optimizer_;
+  std::vector<std::pair<void*, std::unique_ptr<torch::optim::OptimizerParamState>>> state_;
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options_;
+};
 
 // Refuses a group whose options ask for an update `optimizer` does not compute: loading it would
 // continue the run with other arithmetic and no error.
@@ -731,6 +1015,11 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
   const OptimizerTraits traits = traits_of(optimizer);
   const auto groups = dict.at("param_groups").toList();
   const std::map<int64_t, at::Tensor> param_of = check_group_layout(optimizer, groups);
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const auto group = groups.get(g).toGenericDict();
+    check_group_family(traits, group, g);
+    check_group_semantics(traits, group, g);
+  }
   // LibTorch's optimizers (and amp's unfused Adam/AdamW) take the state as it comes and would
   // fail in a later step(), after earlier parameters moved: their state is given Python's form
   // here, each floating tensor cast to its parameter's dtype and device, and refused unless it
@@ -784,8 +1073,7 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
   groups_archive.write("param_groups/size",
                        at::scalar_tensor(static_cast<int64_t>(groups.size()), at::kLong));
   for (std::size_t g = 0; g < groups.size(); ++g) {
-    const auto group = groups.get(g).toGenericDict();  // its layout checked by check_group_layout
-    check_group_semantics(traits, group, g);
+    const auto group = groups.get(g).toGenericDict();  // checked above
     torch::serialize::OutputArchive group_archive(unit), options(unit);
     const auto params = group.at("params").toList();
     group_archive.write("params/size",
@@ -796,8 +1084,8 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
     }
     for (const auto& option : group) {
       const std::string& name = option.key().toStringRef();
-      const c10::IValue& value = option.value();
-      if (name == "params" || value.isNone()) continue;
+      if (name == "params" || option.value().isNone()) continue;
+      const c10::IValue value = option_number(option.value(), name, g);
       if (value.isInt() && float_option(name)) {
         options.write(name, c10::IValue(static_cast<double>(value.toInt())));
       } else if (value.isList() || value.isTuple()) {
@@ -806,6 +1094,7 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
         std::vector<c10::IValue> items =
             value.isList() ? value.toListRef().vec() : value.toTupleRef().elements().vec();
         for (auto& element : items) {
+          element = option_number(element, name, g);
           if (element.isInt()) element = c10::IValue(static_cast<double>(element.toInt()));
         }
         options.write(name, c10::ivalue::Tuple::create(std::move(items)));
@@ -818,7 +1107,18 @@ void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IV
   }
   archive.write("param_groups", groups_archive);
   torch::serialize::InputArchive read = reread(archive);
-  optimizer.load(read);
+  OptimizerSnapshot before(optimizer);
+  try {
+    optimizer.load(read);
+  } catch (const c10::Error& error) {
+    // What amp did not check above reaches the optimizer's own load, which may have replaced
+    // some of the state already, and may say it in LibTorch's internal words.
+    before.restore();
+    TORCH_CHECK(false, "load_optimizer_state_dict: ", traits.name,
+                " cannot take this state: ", error.what_without_backtrace(),
+                " The optimizer is unchanged.");
+  }
+  warn_if_other_arithmetic(traits, groups);
 }
 
 void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path) {

@@ -10,7 +10,8 @@
 // Kinds: a C++ save_state_dict file; Python's torch.save(scaler.state_dict()) with a float and
 // with an int scale; a torch::save(scaler) archive; a checkpoint archive (model, optimizer,
 // scaler); Python's torch.save(model.state_dict()) and amp::save_state_dict's file of the same
-// model; Python's torch.save(AdamW(foreach=False).state_dict()) and amp's
+// model, and of that model's state dict with values that hold themselves added (a list, a dict, a
+// tuple through a list); Python's torch.save(AdamW(foreach=False).state_dict()) and amp's
 // save_optimizer_state_dict of amp::optim::AdamW, two groups, after two steps. State files load
 // with GradScaler::load_state_dict(path), archives with amp::load
 // (--raw: LibTorch's torch::load, for comparison), model state dicts with amp::load_state_dict
@@ -284,7 +285,9 @@ int load_into_optimizers(const fs::path& path, bool verbose) {
 // Exit code.
 int load_into_scalers(const fs::path& path, const std::string& kind, bool raw,
                       std::vector<amp::GradScaler>& scalers, bool verbose = false) {
-  if (kind == "py-model" || kind == "cpp-model") return load_into_models(path, verbose);
+  if (kind == "py-model" || kind == "cpp-model" || kind == "py-cyclic") {
+    return load_into_models(path, verbose);
+  }
   if (kind == "py-optim" || kind == "cpp-optim") return load_into_optimizers(path, verbose);
   int accepted = 0;
   bool other_exception = false;
@@ -381,6 +384,24 @@ std::vector<Base> make_bases(const fs::path& dir, const std::string& python) {
       "torch.save(m.state_dict(), sys.argv[1])\n";
   run_python(python, dir / "make_model.py", model_script, (dir / "py-model.pt").string());
   bases.push_back({"py-model", read_bytes(dir / "py-model.pt")});
+  // The same state dict holding values that hold themselves (a list, a dict, a tuple through a
+  // list), which Python's weights_only load builds and amp refuses.
+  const std::string cyclic_script =
+      "import sys, torch\n"
+      "torch.manual_seed(9)\n"
+      "m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), "
+      "torch.nn.Linear(8, 3))\n"
+      "sd = m.state_dict()\n"
+      "loop = [sd['0.bias']]\n"
+      "loop.append(loop)\n"
+      "me = {'w': sd['2.bias']}\n"
+      "me['me'] = me\n"
+      "holder = []\n"
+      "holder.append((holder,))\n"
+      "sd['loop'], sd['me'], sd['holder'] = loop, me, holder\n"
+      "torch.save(sd, sys.argv[1])\n";
+  run_python(python, dir / "make_cyclic.py", cyclic_script, (dir / "py-cyclic.pt").string());
+  bases.push_back({"py-cyclic", read_bytes(dir / "py-cyclic.pt")});
   amp::save_state_dict(*make_model(9), (dir / "cpp-model.pt").string());
   bases.push_back({"cpp-model", read_bytes(dir / "cpp-model.pt")});
   const std::string optimizer_script =
