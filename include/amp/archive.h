@@ -26,8 +26,8 @@ namespace amp {
 /// and memory grow with the pickles and code, not with the tensor bytes.
 /// Args: path: the archive file.
 /// Errors: c10::Error naming the file and saying what is wrong and where (entry, byte or line):
-///   no such file, not a regular file, or a check failed. Archives of 4 GiB or more (ZIP64) are
-///   refused: the checker does not read ZIP64 directories.
+///   no such file, not a regular file, or a check failed. Archives of 4 GiB or more are read
+///   through their ZIP64 records, which must agree with the ordinary ones where both give a value.
 AMP_EXPORT void check_archive(const std::string& path);
 
 /// check_archive, then `torch::serialize::InputArchive::load_from(path, device)`.

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -71,6 +72,18 @@ MappedFile::MappedFile(const std::string& path, std::uint64_t max_size, std::str
 std::string_view MappedFile::bytes() const {
   if (data_ == nullptr) return copy_;
   return {data_, size_};
+}
+
+void MappedFile::release(std::string_view part) const {
+  if (data_ == nullptr || part.empty()) return;
+  // Whole pages inside `part` only: the pages at its ends may hold bytes still to be read.
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<std::uintptr_t>(part.data()) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<std::uintptr_t>(part.data()) + part.size()) / page * page;
+  const auto first = reinterpret_cast<std::uintptr_t>(data_);
+  if (begin < first || end > first + size_ || end <= begin) return;
+  // The mapping is private and read-only, never written: dropped pages come back from the file.
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 MappedFile::~MappedFile() {

@@ -32,6 +32,11 @@ class MappedFile {
   /// The file's contents (empty for an empty file).
   std::string_view bytes() const;
 
+  /// Gives the pages of `part` (a view into bytes()) back to the kernel once they are read: a
+  /// mapped file's pages are read again from the file if touched later, so a reader that copies
+  /// a large entry out piece by piece keeps one copy resident, not two. No-op for a copied file.
+  void release(std::string_view part) const;
+
   /// Files up to this size are copied rather than mapped.
   static constexpr std::uint64_t kCopiedFileSize = std::uint64_t{1} << 20;
 

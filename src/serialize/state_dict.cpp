@@ -90,8 +90,8 @@ const char* name_of(c10::ScalarType type) {
 
 class PickledReader {
  public:
-  PickledReader(std::string_view file, const detail::ArchiveDirectory& archive)
-      : file_(file), archive_(archive) {}
+  PickledReader(const detail::MappedFile& file, const detail::ArchiveDirectory& archive)
+      : mapped_(file), file_(file.bytes()), archive_(archive) {}
 
   c10::IValue convert(const PickledValue& value) {
     // A container the pickle references several times (memo) converts once and is shared, as
@@ -163,14 +163,9 @@ class PickledReader {
       const auto entry = archive_.by_name.find(name);
       // The checker has matched every record to a stored entry holding its elements.
       if (entry == archive_.by_name.end()) throw detail::ReaderError("no entry " + name);
-      std::string inflated;
-      const std::string_view bytes =
-          detail::entry_bytes(file_, archive_.entries[entry->second], detail::kNoFileSizeLimit,
-                              "a tensor's data", inflated);
       at::Tensor storage = at::empty({static_cast<int64_t>(t.storage_numel)}, at::dtype(*dtype));
       const std::uint64_t used = t.storage_numel * t.element_size;
-      if (used > bytes.size()) throw detail::ReaderError("the entry " + name + " is too short");
-      if (used > 0) std::memcpy(storage.data_ptr(), bytes.data(), used);
+      read_storage(archive_.entries[entry->second], name, storage, used);
       found = storages_.emplace(t.key, std::move(storage)).first;
     }
     if (found->second.scalar_type() != *dtype) {
@@ -192,6 +187,39 @@ class PickledReader {
     return view;
   }
 
+  // Copies the first `used` bytes of `entry`'s contents into `storage`, its CRC-32 checked. A
+  // stored entry (torch.save's tensors) is copied and checked piece by piece, each piece's
+  // mapped pages given back once copied, so a tensor of several GiB is resident once, not twice.
+  void read_storage(const detail::ZipEntry& entry, const std::string& name, at::Tensor& storage,
+                    std::uint64_t used) {
+    if (used > entry.size) throw detail::ReaderError("the entry " + name + " is too short");
+    auto* out = static_cast<char*>(storage.data_ptr());
+    if (entry.method != 0) {
+      std::string inflated;
+      const std::string_view bytes =
+          detail::entry_bytes(file_, entry, detail::kNoFileSizeLimit, "a tensor's data", inflated);
+      if (used > 0) std::memcpy(out, bytes.data(), used);
+      return;
+    }
+    constexpr std::uint64_t kPiece = std::uint64_t{64} << 20;
+    const std::string_view bytes = file_.substr(entry.data_offset, entry.size);
+    std::uint32_t crc = 0;
+    for (std::uint64_t at = 0; at < bytes.size(); at += kPiece) {
+      const std::string_view piece = bytes.substr(at, kPiece);
+      crc = detail::crc32(piece, crc);
+      if (at < used)
+        std::memcpy(out + at, piece.data(), std::min<std::uint64_t>(piece.size(), used - at));
+      mapped_.release(piece);
+    }
+    if (crc != entry.crc32) {
+      detail::fail_at(detail::kWholeFile, entry.data_offset, "zip entry ",
+                      detail::quoted(entry.name), " has CRC-32 ", detail::hex(crc, 8),
+                      " but the archive records ", detail::hex(entry.crc32, 8),
+                      "; its bytes are damaged");
+    }
+  }
+
+  const detail::MappedFile& mapped_;
   std::string_view file_;
   const detail::ArchiveDirectory& archive_;
   std::map<std::string, at::Tensor> storages_;     // by key: views of one storage share it
@@ -468,7 +496,7 @@ PickledFile read_pickled(const std::string& path) {
         detail::entry_bytes(file->bytes(), pickle_entry, detail::kMaxArchivePickleSize,
                             "the pickle", inflated),
         pickle_entry.name);
-    PickledReader reader(file->bytes(), archive);
+    PickledReader reader(*file, archive);
     read.value = reader.convert(read.root);
     return read;
   } catch (const detail::ReaderError& error) {

@@ -28,13 +28,21 @@ struct ZipEntry {
 };
 
 /// Reads and checks the central directory of the zip archive `file` (the whole file's bytes).
+/// Reads ZIP64 archives (over 4 GiB, as torch.save writes them): an end record's ZIP64 markers
+/// (0xffff entry counts, 0xffffffff directory size or offset) are replaced by the ZIP64 end
+/// record's values, found through its locator, and a central record's (0xffffffff sizes or local
+/// header offset, 0xffff disk) by those of its ZIP64 extra field (id 0x0001); a local header's
+/// 0xffffffff sizes by its own ZIP64 extra field, or the central record's 64-bit sizes.
 /// Checks: the end-of-central-directory record is in the last 64 KiB + 22 bytes and its comment
-/// ends the file; no ZIP64 markers (a ZIP64 record written next to an ordinary one, as LibTorch's
-/// writer does, must agree with it); a single disk; 1 to `max_entries` entries, consistent with
-/// the directory's size; every central record and local header inside the file, the local header
-/// agreeing with the central record (name, method, sizes); names of 1 to kMaxZipNameLength bytes
-/// without NUL; no encryption; a stored entry's two sizes equal; every entry's data inside the
-/// file, before the central directory. Does not check CRCs or methods (see entry_bytes).
+/// ends the file; a ZIP64 record (which LibTorch's writer adds even to small archives) agrees
+/// with the fields the ordinary record does not mark, and markers have a ZIP64 record, a marked
+/// central record or local header a ZIP64 extra field long enough; a single disk; 1 to
+/// `max_entries` entries, consistent with the directory's size; every central record and local
+/// header inside the file, the local header agreeing with the central record (name, method,
+/// sizes); names of 1 to kMaxZipNameLength bytes without NUL; no encryption; a stored entry's two
+/// sizes equal; every entry's data inside the file, before the central directory. Does not check
+/// CRCs or methods (see entry_bytes). A file without an end record that starts like Python's
+/// legacy (pre-1.6) torch.save format is refused as such.
 /// Throws ReaderError "file byte <offset>: ..." naming the record when a check fails.
 std::vector<ZipEntry> read_zip_directory(std::string_view file,
                                          std::size_t max_entries = kMaxZipEntries);
@@ -60,7 +68,8 @@ ArchiveDirectory read_archive_directory(std::string_view file, std::size_t max_e
 std::string_view entry_bytes(std::string_view file, const ZipEntry& entry, std::uint64_t limit,
                              std::string_view kind, std::string& inflated);
 
-/// The CRC-32 (ISO-HDLC, as zip uses) of `bytes`.
-std::uint32_t crc32(std::string_view bytes);
+/// The CRC-32 (ISO-HDLC, as zip uses) of `bytes`; with `previous`, of the bytes before them
+/// (whose CRC-32 it is) followed by `bytes`, so that an entry can be checked piece by piece.
+std::uint32_t crc32(std::string_view bytes, std::uint32_t previous = 0);
 
 }  // namespace amp::detail

@@ -132,8 +132,7 @@ TEST_CASE("Archives that reach LibTorch's crashes and hangs are refused first", 
 
   // A storage type LibTorch does not know (its reader crashed on an unknown dtype).
   CHECK_THAT(refused(edit_entry(good, "/data.pkl", "FloatStorage", "FlootStorage")),
-             Contains("GLOBAL imports 'torch'.'FlootStorage', which neither a LibTorch archive "
-                      "nor torch.save uses") &&
+             Contains("GLOBAL imports 'torch'.'FlootStorage', which amp does not read") &&
                  Contains("' is not a readable LibTorch archive (corrupt, truncated, or not "
                           "written by torch::save / OutputArchive::save_to)"));
   // A tensor record claiming more elements than its data entry holds (12 floats: 48 bytes): the
@@ -151,12 +150,15 @@ TEST_CASE("Archives that reach LibTorch's crashes and hangs are refused first", 
   // A method in the class definitions, and a type nested 20 deep (LibTorch's parser recursed).
   CHECK_THAT(refused(edit_entry(good, ".py", "  bias : Tensor", "  def forward()")),
              Contains("line 5 is '  def forward()', which is not a line LibTorch writes"));
-  // The zip's central directory size set to 0xFFFFFFFF.
+  // The zip's central directory size set to 0xFFFFFFFF, with the ZIP64 locator that would give
+  // it broken.
   {
     std::string bytes = good;
     const auto eocd = bytes.rfind(std::string("PK\x05\x06", 4));
     amp_test::put_le32(bytes, eocd + 12, 0xffffffffu);
-    CHECK_THAT(refused(bytes), Contains("ZIP64 markers"));
+    amp_test::put_le32(bytes, eocd - 20, 0);
+    CHECK_THAT(refused(bytes),
+               Contains("ZIP64 markers") && Contains("no ZIP64 end-of-central-directory locator"));
   }
   // A truncated file, an empty one, a folder and a missing file.
   CHECK_THAT(refused(good.substr(0, good.size() / 2)),
@@ -207,8 +209,7 @@ TEST_CASE("The archive pickle scanner bounds nesting, memo indices, lengths and 
                     Contains("opcode 0x8f (EMPTY_SET, a set) is not used by LibTorch's archives"));
   CHECK_THROWS_WITH(
       check(pickle("cos\nsystem\n")),
-      Contains(
-          "GLOBAL imports 'os'.'system', which neither a LibTorch archive nor torch.save uses"));
+      Contains("GLOBAL imports 'os'.'system', which amp does not read (only __torch__ classes"));
   // BUILD gives attributes to an OrderedDict (Python's state_dict `_metadata`), nothing else.
   CHECK_NOTHROW(check(pickle("ccollections\nOrderedDict\n)R}b"s)));
   CHECK_THROWS_WITH(check(pickle("}}b"s)),
