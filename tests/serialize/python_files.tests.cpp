@@ -196,7 +196,7 @@ TEST_CASE("nn.Parameters in a torch.save file (state_dict(keep_vars=True)) read 
 }
 
 TEST_CASE(
-    "An optimizer state with a tensor option loads with its value; one of another type is "
+    "An optimizer state with a tensor option loads with its value, and one of another type is "
     "refused naming both types",
     "[serialize][state_dict][optimizer][python]") {
   const PythonFiles& files = python_files();
