@@ -17,6 +17,7 @@
 
 #include "serialize/reader_error.h"
 #include "serialize/zip_directory.h"
+#include "support/python_rows.h"
 
 using amp::detail::read_zip_directory;
 using amp::detail::ZipEntry;
@@ -476,26 +477,9 @@ with zipfile.ZipFile(path) as z:
               sep='\t')
 )";
   const auto rows = [&](const std::string& mode, const std::filesystem::path& path) {
-    const std::string command = "\"" + python + "\" \"" + script.path.string() + "\" " + mode +
-                                " \"" + path.string() + "\"";
-    INFO(command);
-    FILE* pipe = ::popen(command.c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    std::string out;
-    char buffer[4096];
-    for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) {
-      out.append(buffer, n);
-    }
-    REQUIRE(::pclose(pipe) == 0);
-    std::vector<std::vector<std::string> > result;
-    std::istringstream lines(out);
-    for (std::string line; std::getline(lines, line);) {
-      std::vector<std::string> fields;
-      std::istringstream parts(line);
-      for (std::string field; std::getline(parts, field, '\t');) fields.push_back(field);
-      REQUIRE(fields.size() == 6);
-      result.push_back(fields);
-    }
+    const auto result =
+        amp_test::python_rows(python, script.path.string(), mode + " \"" + path.string() + "\"");
+    for (const auto& fields : result) REQUIRE(fields.size() == 6);
     return result;
   };
   const auto hex_of = [](const std::string& bytes) {
