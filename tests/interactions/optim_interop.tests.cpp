@@ -3,6 +3,7 @@
 // overflowing step and bf16 autocast, and through a Python-format state dict mid-run; FusedLion's
 // state without step counts (lion-pytorch keeps none) under stochastic rounding of bf16 weights;
 // a float32 Python-format state loaded into amp::optim::AdamW over bf16 weights.
+// The AMP recipe's one-file checkpoint (make_dict, dict_entry) of a BatchNorm model mid-run.
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
@@ -14,6 +15,7 @@
 #include <amp/state_dict.h>
 
 #include "support/optim_helpers.h"
+#include "support/temp_dir.h"
 
 namespace {
 
@@ -195,4 +197,64 @@ TEST_CASE(
   }
   bf16_model->forward(torch::randn({5, 4}).to(torch::kBFloat16)).square().mean().backward();
   CHECK_NOTHROW(bf16_adamw.step());
+}
+
+TEST_CASE(
+    "A BatchNorm model's run under bf16 autocast with GradScaler and FusedAdamW resumes "
+    "bit for bit from the make_dict checkpoint read through dict_entry",
+    "[interactions][serialize][scaler]") {
+  // Two copies of one run: the first goes on, the second is rebuilt from the checkpoint taken
+  // after step 2 (model with BatchNorm buffers, optimizer, scaler, step) and takes step 3 too.
+  const auto make = [] {
+    torch::manual_seed(41);
+    return torch::nn::Sequential(torch::nn::Linear(4, 6), torch::nn::BatchNorm1d(6),
+                                 torch::nn::Linear(6, 2));
+  };
+  const auto step = [](torch::nn::Sequential& model, amp::optim::FusedAdamW& optimizer,
+                       amp::GradScaler& scaler, int n) {
+    torch::manual_seed(500 + n);
+    const at::Tensor x = torch::randn({8, 4});
+    optimizer.zero_grad();
+    at::Tensor loss;
+    {
+      amp::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+      loss = model->forward(x).to(torch::kFloat).square().mean();
+    }
+    scaler.scale(loss).backward();
+    scaler.step(optimizer);
+    scaler.update();
+  };
+  auto model = make();
+  amp::optim::FusedAdamW optimizer(model->parameters(), amp::optim::FusedAdamWOptions(0.01));
+  amp::GradScaler scaler(amp::GradScalerOptions().init_scale(256.0).growth_interval(1));
+  for (int n = 1; n <= 2; ++n) step(model, optimizer, scaler, n);
+  amp_test::TempDir dir("interop_make_dict");
+  const std::string path = (dir.path() / "checkpoint.pt").string();
+  amp::save_pickled(amp::make_dict({{"model", amp::state_dict(*model)},
+                                    {"optimizer", amp::optimizer_state_dict(optimizer)},
+                                    {"scaler", scaler.state_dict()},
+                                    {"step", int64_t{2}}}),
+                    path);
+  step(model, optimizer, scaler, 3);
+
+  torch::manual_seed(7);  // other weights: the load must replace them all
+  auto resumed = torch::nn::Sequential(torch::nn::Linear(4, 6), torch::nn::BatchNorm1d(6),
+                                       torch::nn::Linear(6, 2));
+  amp::optim::FusedAdamW resumed_optimizer(resumed->parameters(),
+                                           amp::optim::FusedAdamWOptions(0.5));
+  amp::GradScaler resumed_scaler;
+  const c10::IValue checkpoint = amp::load_pickled(path);
+  amp::load_state_dict(*resumed, amp::dict_entry(checkpoint, "model"));
+  amp::load_optimizer_state_dict(resumed_optimizer, amp::dict_entry(checkpoint, "optimizer"));
+  resumed_scaler.load_state_dict(amp::dict_entry(checkpoint, "scaler"));
+  CHECK(amp::dict_entry(checkpoint, "step").toInt() == 2);
+  step(resumed, resumed_optimizer, resumed_scaler, 3);
+  CHECK(resumed_scaler.get_scale() == scaler.get_scale());
+  const auto mine = amp::state_dict(*model);
+  const auto theirs = amp::state_dict(*resumed);
+  REQUIRE(mine.size() == theirs.size());
+  for (const auto& entry : mine) {
+    CAPTURE(entry.key());
+    CHECK(torch::equal(entry.value(), theirs.at(entry.key())));
+  }
 }
