@@ -399,20 +399,26 @@ struct NormLayer {
   bool track_running_stats;
 };
 
+// The first of `Impl` that `module` is, as a NormLayer.
+template <typename... Impl>
+std::optional<NormLayer> norm_layer_of(const torch::nn::Module& module, bool instance_norm) {
+  std::optional<NormLayer> found;
+  const auto take = [&](const auto* layer) {
+    if (layer != nullptr) found = NormLayer{instance_norm, layer->options.track_running_stats()};
+    return layer != nullptr;
+  };
+  (take(dynamic_cast<const Impl*>(&module)) || ...);
+  return found;
+}
+
 std::optional<NormLayer> norm_layer(const torch::nn::Module& module) {
-  if (const auto* m = dynamic_cast<const torch::nn::BatchNorm1dImpl*>(&module))
-    return NormLayer{false, m->options.track_running_stats()};
-  if (const auto* m = dynamic_cast<const torch::nn::BatchNorm2dImpl*>(&module))
-    return NormLayer{false, m->options.track_running_stats()};
-  if (const auto* m = dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&module))
-    return NormLayer{false, m->options.track_running_stats()};
-  if (const auto* m = dynamic_cast<const torch::nn::InstanceNorm1dImpl*>(&module))
-    return NormLayer{true, m->options.track_running_stats()};
-  if (const auto* m = dynamic_cast<const torch::nn::InstanceNorm2dImpl*>(&module))
-    return NormLayer{true, m->options.track_running_stats()};
-  if (const auto* m = dynamic_cast<const torch::nn::InstanceNorm3dImpl*>(&module))
-    return NormLayer{true, m->options.track_running_stats()};
-  return std::nullopt;
+  using namespace torch::nn;
+  if (auto batch_norm = norm_layer_of<BatchNorm1dImpl, BatchNorm2dImpl, BatchNorm3dImpl>(
+          module, /*instance_norm=*/false)) {
+    return batch_norm;
+  }
+  return norm_layer_of<InstanceNorm1dImpl, InstanceNorm2dImpl, InstanceNorm3dImpl>(
+      module, /*instance_norm=*/true);
 }
 
 // Python's version rules for old state dicts, over the module tree as `collect` names it:
@@ -460,7 +466,8 @@ void apply_version_rules(const torch::nn::Module& module, const std::string& pre
                          " does not track running stats by default since 0.4.0. Please remove "
                          "these keys from state_dict. If the running stats are actually needed, "
                          "instead set track_running_stats=True in " +
-                         klass + " to enable them.");
+                         klass + " to enable them. See the documentation of " + klass +
+                         " for details.");
       }
     }
   }
